@@ -1,0 +1,112 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/internal/sqltext"
+)
+
+// The errors Do returns for the states a caller branches on. Compare them with
+// errors.Is: Do may wrap them with detail.
+var (
+	// ErrInProgress means another transaction holds the key right now. The
+	// first request is still running; its outcome is unknown. Retrying later
+	// with the same key is safe: it replays the first outcome, or runs the
+	// operation if the first attempt rolled back. HTTP: 409 Conflict.
+	ErrInProgress = errors.New("idem: a request with this key is in progress")
+
+	// ErrMismatch means the key was already used with another request hash:
+	// the client reused a key for a different request. fn did not run.
+	// Retrying will fail the same way. HTTP: 422 Unprocessable Content.
+	ErrMismatch = errors.New("idem: the key was used with a different request")
+
+	// ErrInvalidKey means the key is empty, longer than 255 bytes, not valid
+	// UTF-8, or holds a control character. Nothing was sent to the database.
+	ErrInvalidKey = errors.New("idem: invalid idempotency key")
+
+	// ErrInvalidScope means the scope is longer than 255 bytes, not valid
+	// UTF-8, or holds a control character. Nothing was sent to the database.
+	ErrInvalidScope = errors.New("idem: invalid scope")
+
+	// ErrInvalidRequestHash means the request hash is empty, longer than 255
+	// bytes, not valid UTF-8, or holds a control character. Nothing was sent
+	// to the database.
+	ErrInvalidRequestHash = errors.New("idem: invalid request hash")
+
+	// ErrInvalidTable means the table given to WithTable is not a plain,
+	// optionally schema-qualified, lower-case identifier.
+	ErrInvalidTable = sqltext.ErrInvalidTable
+
+	// ErrInvalidOption means an option was given a value outside its range
+	// (a negative TTL, a nil pointer). Nothing was sent to the database.
+	ErrInvalidOption = errors.New("idem: invalid option")
+
+	// ErrOutcomeUnknown means the connection failed while COMMIT was on its
+	// way: the transaction may or may not have committed, and Do cannot tell.
+	// Retry with the same key: if it committed, the retry replays the stored
+	// result; if not, the retry runs fn. Never retry with a new key. HTTP: a
+	// 5xx that clients retry (503 with Retry-After).
+	ErrOutcomeUnknown = errors.New("idem: the outcome is unknown (the connection failed during COMMIT); retry with the same key")
+
+	// ErrTxOwned is returned by Commit and Rollback of the transaction handed
+	// to fn: Do owns it. To roll back, return an error from fn.
+	ErrTxOwned = errors.New("idem: the transaction belongs to idem.Do; return from fn instead of committing or rolling back")
+
+	// ErrCorruptRecord means a stored row could not be decoded into the
+	// result type (the type changed incompatibly, or a Sealer failed to open
+	// it). fn did not run.
+	ErrCorruptRecord = errors.New("idem: the stored result cannot be decoded")
+)
+
+// Retryable reports whether err is worth retrying with the same key: the
+// operation did not complete (or its outcome is unknown) for a reason that
+// may pass. It is true for ErrInProgress, ErrOutcomeUnknown, serialization
+// failures and deadlocks (SQLSTATE 40001, 40P01), lock timeouts (55P03), and
+// connection failures. It is false for nil, ErrMismatch, invalid input, a
+// *Refusal, and any other error from fn.
+//
+// Retrying with the same key is always safe with idem: at most one attempt
+// commits, and every later one replays it. Retryable only says whether a
+// retry can succeed where this attempt did not.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrInProgress) || errors.Is(err, ErrOutcomeUnknown) {
+		return true
+	}
+	var refusal *Refusal
+	if errors.As(err, &refusal) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case pgerrcode.SerializationFailure, pgerrcode.DeadlockDetected,
+			pgerrcode.LockNotAvailable, pgerrcode.AdminShutdown,
+			pgerrcode.CrashShutdown, pgerrcode.CannotConnectNow,
+			pgerrcode.TooManyConnections:
+			return true
+		}
+		return pgerrcode.IsConnectionException(pgErr.Code)
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr)
+}
+
+// inputError wraps a validation sentinel with what was wrong.
+func inputError(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
+}

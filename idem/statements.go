@@ -1,0 +1,71 @@
+package idem
+
+import (
+	"crypto/sha256"
+	_ "embed"
+	"encoding/binary"
+	"sync"
+
+	"github.com/idemhq/idem/internal/sqltext"
+)
+
+var (
+	//go:embed sql/claim.sql
+	claimSQL string
+	//go:embed sql/assert_claimed.sql
+	assertClaimedSQL string
+	//go:embed sql/complete.sql
+	completeSQL string
+	//go:embed sql/lookup.sql
+	lookupSQL string
+	//go:embed sql/sweep.sql
+	sweepSQL string
+)
+
+// statements is the SQL of one table, rewritten once and reused: pgx caches
+// prepared statements by SQL text, so the text must not change per call.
+type statements struct {
+	table                                  string
+	claim, assertClaimed, complete, lookup string
+	sweep                                  string
+}
+
+// statementCache maps a table name to its *statements. It only ever grows
+// by the handful of tables an application uses.
+var statementCache sync.Map
+
+func statementsFor(table string) (*statements, error) {
+	if s, ok := statementCache.Load(table); ok {
+		return s.(*statements), nil
+	}
+	t, err := sqltext.ParseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	s := &statements{
+		table:         table,
+		claim:         t.Rewrite(claimSQL),
+		assertClaimed: t.Rewrite(assertClaimedSQL),
+		complete:      t.Rewrite(completeSQL),
+		lookup:        t.Rewrite(lookupSQL),
+		sweep:         t.Rewrite(sweepSQL),
+	}
+	actual, _ := statementCache.LoadOrStore(table, s)
+	return actual.(*statements), nil
+}
+
+// lockID derives the advisory lock that guards (table, scope, key) while a
+// transaction holds the key. Two keys sharing a lock id (odds 2^-64 per
+// pair in flight at the same instant) only make one of them answer
+// ErrInProgress early; they can never both commit, because the primary key
+// decides ownership.
+func lockID(table, scope, key string) int64 {
+	h := sha256.New()
+	h.Write([]byte(table))
+	h.Write([]byte{0})
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
+}

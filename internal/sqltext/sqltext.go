@@ -1,0 +1,76 @@
+// Package sqltext retargets idem's embedded SQL at a table other than
+// idempotency_keys.
+//
+// The SQL files name the table idempotency_keys so that psql can run them as
+// they are; Rewrite replaces that name once per table, never per call.
+package sqltext
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTable is the table name the embedded SQL is written against.
+const DefaultTable = "idempotency_keys"
+
+// ErrInvalidTable is returned for a table name that is not a plain,
+// optionally schema-qualified, lower-case PostgreSQL identifier.
+var ErrInvalidTable = errors.New("idem: invalid table name")
+
+var (
+	plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+	prefixRe   = regexp.MustCompile(`\bidempotency_keys_`)
+	tableRe    = regexp.MustCompile(`\bidempotency_keys\b`)
+)
+
+// Table is a validated table name.
+type Table struct {
+	schema, name string
+}
+
+// ParseTable validates name: one or two plain identifiers ("keys" or
+// "billing.keys"), lower case, each at most 63 bytes, since PostgreSQL would
+// otherwise silently truncate them. Quoted identifiers are not accepted: the
+// name is spliced into SQL text, and plain identifiers need no quoting.
+func ParseTable(name string) (Table, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return Table{}, fmt.Errorf("%w %q: at most one dot (schema.table)", ErrInvalidTable, name)
+	}
+	for _, p := range parts {
+		if len(p) == 0 || len(p) > 63 || !plainIdent.MatchString(p) {
+			return Table{}, fmt.Errorf("%w %q: want lower-case letters, digits and underscores, not starting with a digit, 1 to 63 bytes per part", ErrInvalidTable, name)
+		}
+	}
+	// Leave room for the longest derived name (_request_hash_length_check).
+	if len(parts[len(parts)-1]) > 63-len("_request_hash_length_check") {
+		return Table{}, fmt.Errorf("%w %q: table part longer than %d bytes", ErrInvalidTable, name, 63-len("_request_hash_length_check"))
+	}
+	if len(parts) == 2 {
+		return Table{schema: parts[0], name: parts[1]}, nil
+	}
+	return Table{name: parts[0]}, nil
+}
+
+// String returns the table as it appears in SQL, schema-qualified if it was
+// given so.
+func (t Table) String() string {
+	if t.schema == "" {
+		return pgx.Identifier{t.name}.Sanitize()
+	}
+	return pgx.Identifier{t.schema, t.name}.Sanitize()
+}
+
+// Rewrite returns sql with the default table replaced by t: derived names
+// (constraints, indexes) take t's unqualified name as their prefix.
+func (t Table) Rewrite(sql string) string {
+	if t.schema == "" && t.name == DefaultTable {
+		return sql
+	}
+	sql = prefixRe.ReplaceAllLiteralString(sql, t.name+"_")
+	return tableRe.ReplaceAllLiteralString(sql, t.String())
+}

@@ -1,0 +1,303 @@
+// Package testdb gives each test its own PostgreSQL database, cloned from a
+// template that holds idem's schema, so tests run in parallel and never see
+// each other's keys.
+//
+// The server is found once per test process, in this order:
+//  1. IDEM_TEST_DATABASE_URL, then DATABASE_URL (any database on the server;
+//     the role must be allowed to create databases);
+//  2. a server on 127.0.0.1:5432, user postgres, trust authentication;
+//  3. a postgres container started with testcontainers-go, when a Docker
+//     engine answers;
+//
+// and otherwise the test fails with instructions. Source says which it was.
+package testdb
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/idemhq/idem/schema"
+)
+
+// LocalURL is the server tried when no URL is set in the environment.
+const LocalURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+var (
+	once      sync.Once
+	serverURL string // the maintenance database on the resolved server
+	source    string
+	template  string
+	resolved  error
+	container testcontainers.Container
+	counter   atomic.Int64
+)
+
+// Source describes the server the tests use, e.g. "local server at
+// 127.0.0.1:5432". It resolves the server if no test has yet.
+func Source() string {
+	_ = resolve()
+	if resolved != nil {
+		return "none: " + resolved.Error()
+	}
+	return source
+}
+
+func resolve() error {
+	once.Do(func() {
+		resolved = doResolve()
+		if resolved == nil {
+			resolved = makeTemplate()
+		}
+	})
+	return resolved
+}
+
+func doResolve() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(env); u != "" {
+			if err := ping(ctx, u); err != nil {
+				return fmt.Errorf("%s is set but its server does not answer: %w", env, err)
+			}
+			serverURL, source = u, "$"+env+" ("+redact(u)+")"
+			return nil
+		}
+	}
+	if err := ping(ctx, LocalURL); err == nil {
+		serverURL, source = LocalURL, "local server at 127.0.0.1:5432"
+		return nil
+	}
+	u, err := startContainer(ctx)
+	if err != nil {
+		return errors.New("no PostgreSQL for the tests: set IDEM_TEST_DATABASE_URL, " +
+			"or run `make test` (it starts or installs a local server), " +
+			"or start a Docker engine for testcontainers-go (" + err.Error() + ")")
+	}
+	serverURL, source = u, "testcontainers-go postgres container"
+	return nil
+}
+
+func startContainer(ctx context.Context) (u string, err error) {
+	defer func() {
+		// testcontainers panics in some set-ups without a Docker engine.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("docker: %v", r)
+		}
+	}()
+	provider, err := testcontainers.ProviderDocker.GetProvider()
+	if err != nil {
+		return "", err
+	}
+	defer provider.Close()
+	if err := provider.Health(ctx); err != nil {
+		return "", err
+	}
+	c, err := tcpostgres.Run(ctx, "postgres:16-alpine",
+		tcpostgres.WithDatabase("postgres"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies(),
+	)
+	if err != nil {
+		return "", err
+	}
+	container = c
+	return c.ConnectionString(ctx, "sslmode=disable")
+}
+
+func ping(ctx context.Context, u string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+// makeTemplate creates, once per schema version, a database holding the
+// schema. Test processes race for it; an advisory lock orders them.
+func makeTemplate() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	files, err := schema.Files()
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	for _, f := range files {
+		h.Write([]byte(f.Name))
+		h.Write([]byte(f.SQL))
+	}
+	template = "idem_tmpl_" + hex.EncodeToString(h.Sum(nil))[:12]
+
+	admin, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "select pg_advisory_lock(7306086, 1)"); err != nil {
+		return err
+	}
+	defer admin.Exec(context.Background(), "select pg_advisory_unlock(7306086, 1)") //nolint:errcheck // closing anyway
+	var exists bool
+	if err := admin.QueryRow(ctx, "select exists (select 1 from pg_database where datname = $1 and datistemplate)", template).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	building := template + "_build"
+	if _, err := admin.Exec(ctx, "drop database if exists "+building+" with (force)"); err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, "create database "+building); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, withDatabase(serverURL, building))
+	if err != nil {
+		return err
+	}
+	err = schema.Apply(ctx, conn)
+	conn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	for _, q := range []string{
+		"alter database " + building + " rename to " + template,
+		"alter database " + template + " is_template true",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// URL returns the URL of a new, empty-but-migrated database that is dropped
+// when t ends.
+func URL(t testing.TB) string {
+	t.Helper()
+	if err := resolve(); err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("idem_test_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, counter.Add(1))
+	admin, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		t.Fatalf("testdb: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "create database "+name+" template "+template); err != nil {
+		t.Fatalf("testdb: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, serverURL)
+		if err != nil {
+			t.Errorf("testdb: drop %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+			t.Errorf("testdb: drop %s: %v", name, err)
+		}
+	})
+	return withDatabase(serverURL, name)
+}
+
+// New returns a pool on a new database (see URL), closed when t ends. The
+// configure functions may adjust the pool's configuration.
+func New(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(t))
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	for _, f := range configure {
+		f(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Main runs the tests of a package and then stops the container, if one was
+// started. Use it from TestMain together with goleak.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if container != nil {
+		_ = testcontainers.TerminateContainer(container)
+	}
+	return code
+}
+
+func withDatabase(u, db string) string {
+	p, err := url.Parse(u)
+	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
+		// A keyword/value connection string.
+		return u + " dbname=" + db
+	}
+	p.Path = "/" + db
+	return p.String()
+}
+
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "a connection string"
+	}
+	if p.User != nil {
+		if _, has := p.User.Password(); has {
+			p.User = url.UserPassword(p.User.Username(), "xxxxx")
+		}
+	}
+	return p.Host + p.Path
+}
+
+// HostPort returns the host:port of a database URL, for tests that put a
+// proxy in front of it.
+func HostPort(u string) (string, error) {
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)), nil
+}
+
+// WithHostPort returns u pointed at another host:port, e.g. a proxy.
+func WithHostPort(u, hostport string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	p.Host = hostport
+	if q := p.Query(); q.Has("host") || q.Has("port") {
+		q.Del("host")
+		q.Del("port")
+		p.RawQuery = q.Encode()
+	}
+	return strings.TrimSuffix(p.String(), "?")
+}

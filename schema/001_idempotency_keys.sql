@@ -1,0 +1,44 @@
+-- idem: the idempotency key table.
+--
+-- One row per (scope, idempotency_key). A row is inserted as 'in_progress' in
+-- the same transaction as the business work and updated to 'completed' (or
+-- 'refused', a stored business refusal) before that transaction commits, so a
+-- committed row is always terminal. Rows are replayed until expires_at and
+-- deleted by the sweeper afterwards.
+--
+-- Safe to apply more than once.
+
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    -- scope isolates keys of different tenants, users or operations: the same
+    -- key in two scopes is two unrelated rows.
+    scope           text        NOT NULL DEFAULT '',
+    idempotency_key text        NOT NULL,
+    -- request_hash fingerprints the request (hex SHA-256 by convention); a
+    -- retry with another fingerprint is refused as a mismatch.
+    request_hash    text        NOT NULL,
+    status          text        NOT NULL DEFAULT 'in_progress',
+    -- response is the encoded result, possibly sealed (encrypted) by the
+    -- application; refusal is the stored business refusal, if any.
+    response        bytea,
+    refusal         jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    completed_at    timestamptz,
+    expires_at      timestamptz NOT NULL,
+    CONSTRAINT idempotency_keys_pkey PRIMARY KEY (scope, idempotency_key),
+    CONSTRAINT idempotency_keys_status_check
+        CHECK (status IN ('in_progress', 'completed', 'refused')),
+    CONSTRAINT idempotency_keys_key_length_check
+        CHECK (octet_length(idempotency_key) BETWEEN 1 AND 255),
+    CONSTRAINT idempotency_keys_scope_length_check
+        CHECK (octet_length(scope) <= 255),
+    CONSTRAINT idempotency_keys_request_hash_length_check
+        CHECK (octet_length(request_hash) BETWEEN 1 AND 255)
+)
+-- Every key is inserted and then updated once in the same transaction. The
+-- update touches no indexed column, so with free space on the page it is a
+-- HOT update: no new index entries, and the dead version is pruned in place.
+WITH (fillfactor = 80);
+
+-- The sweeper deletes in expires_at order; this index keeps that cheap.
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx
+    ON idempotency_keys (expires_at);
