@@ -1,0 +1,136 @@
+package integration_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/testdb"
+)
+
+// bank is the small business schema the contract tests charge against.
+const bankSQL = `
+CREATE TABLE accounts (id bigint PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0));
+CREATE TABLE charges (
+    id         bigserial PRIMARY KEY,
+    account_id bigint NOT NULL REFERENCES accounts (id),
+    amount     bigint NOT NULL,
+    -- deferred so a test can make COMMIT itself fail
+    ref        text UNIQUE DEFERRABLE INITIALLY DEFERRED
+);
+INSERT INTO accounts VALUES (1, 1000000), (2, 1000000);
+`
+
+// setup is the per-test state: a fresh database with the bank schema, and a
+// pool to observe it from outside the transactions under test.
+type setup struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+}
+
+func newSetup(t *testing.T) *setup {
+	t.Helper()
+	pool := testdb.New(t)
+	if _, err := pool.Exec(context.Background(), bankSQL); err != nil {
+		t.Fatal(err)
+	}
+	return &setup{t: t, pool: pool}
+}
+
+// count runs a count(*) query and returns the number.
+func (s *setup) count(sql string, args ...any) int {
+	s.t.Helper()
+	var n int
+	if err := s.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		s.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func (s *setup) charges() int { return s.count("SELECT count(*) FROM charges") }
+
+func (s *setup) keys(status string) int {
+	return s.count("SELECT count(*) FROM idempotency_keys WHERE status = $1", status)
+}
+
+// charge is the business result the tests store and replay.
+type charge struct {
+	ID      int64 `json:"id"`
+	Amount  int64 `json:"amount"`
+	Balance int64 `json:"balance"`
+}
+
+// chargeFn returns an fn that charges account 1 and counts its executions.
+func chargeFn(ctx context.Context, amount int64, runs *int) func(pgx.Tx) (charge, error) {
+	return func(tx pgx.Tx) (charge, error) {
+		*runs++
+		c := charge{Amount: amount}
+		err := tx.QueryRow(ctx, "UPDATE accounts SET balance = balance - $1 WHERE id = 1 RETURNING balance", amount).Scan(&c.Balance)
+		if err != nil {
+			return c, err
+		}
+		err = tx.QueryRow(ctx, "INSERT INTO charges (account_id, amount) VALUES (1, $1) RETURNING id", amount).Scan(&c.ID)
+		return c, err
+	}
+}
+
+// A variant is one kind of database handle Do is given. with runs f with a
+// handle of that kind and makes its effects visible (for an outer
+// transaction: commits it) before returning.
+type variant struct {
+	name string
+	with func(t *testing.T, pool *pgxpool.Pool, f func(db idem.Beginner))
+}
+
+var variants = []variant{
+	{"pool", func(t *testing.T, pool *pgxpool.Pool, f func(idem.Beginner)) { f(pool) }},
+	{"conn", func(t *testing.T, pool *pgxpool.Pool, f func(idem.Beginner)) {
+		ctx := context.Background()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		f(conn.Conn())
+	}},
+	{"outer_tx", func(t *testing.T, pool *pgxpool.Pool, f func(idem.Beginner)) {
+		ctx := context.Background()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+		f(tx)
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("outer commit: %v", err)
+		}
+	}},
+}
+
+// forEachVariant runs body as a parallel subtest per variant, each on its
+// own database.
+func forEachVariant(t *testing.T, body func(t *testing.T, s *setup, v variant)) {
+	t.Helper()
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			body(t, newSetup(t), v)
+		})
+	}
+}
+
+// do calls idem.Do through variant v and returns what it returned.
+func do[T any](t *testing.T, s *setup, v variant, key, hash string, fn func(pgx.Tx) (T, error), opts ...idem.Option) (T, error) {
+	t.Helper()
+	var (
+		res T
+		err error
+	)
+	v.with(t, s.pool, func(db idem.Beginner) {
+		res, err = idem.Do(context.Background(), db, key, hash, fn, opts...)
+	})
+	return res, err
+}
