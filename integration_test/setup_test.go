@@ -31,9 +31,9 @@ type setup struct {
 	pool *pgxpool.Pool
 }
 
-func newSetup(t *testing.T) *setup {
+func newSetup(t *testing.T, configure ...func(*pgxpool.Config)) *setup {
 	t.Helper()
-	pool := testdb.New(t)
+	pool := testdb.New(t, configure...)
 	if _, err := pool.Exec(context.Background(), bankSQL); err != nil {
 		t.Fatal(err)
 	}

@@ -195,34 +195,64 @@ func makeTemplate() error {
 // when t ends.
 func URL(t testing.TB) string {
 	t.Helper()
-	if err := resolve(); err != nil {
+	u, drop, err := create()
+	if err != nil {
 		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Errorf("testdb: %v", err)
+		}
+	})
+	return u
+}
+
+// Open returns a pool on a new database and a function that closes the pool
+// and drops the database: for runnable examples and programs, which have no
+// testing.TB.
+func Open() (*pgxpool.Pool, func(), error) {
+	u, drop, err := create()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		_ = drop()
+		return nil, nil, err
+	}
+	return pool, func() { pool.Close(); _ = drop() }, nil
+}
+
+// create clones the template into a new database.
+func create() (string, func() error, error) {
+	if err := resolve(); err != nil {
+		return "", nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	name := fmt.Sprintf("idem_test_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, counter.Add(1))
 	admin, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
-		t.Fatalf("testdb: connect: %v", err)
+		return "", nil, fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "create database "+name+" template "+template); err != nil {
-		t.Fatalf("testdb: create database: %v", err)
+		return "", nil, fmt.Errorf("create database: %w", err)
 	}
-	t.Cleanup(func() {
+	drop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		admin, err := pgx.Connect(ctx, serverURL)
 		if err != nil {
-			t.Errorf("testdb: drop %s: %v", name, err)
-			return
+			return fmt.Errorf("drop %s: %w", name, err)
 		}
 		defer admin.Close(ctx)
 		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
-			t.Errorf("testdb: drop %s: %v", name, err)
+			return fmt.Errorf("drop %s: %w", name, err)
 		}
-	})
-	return withDatabase(serverURL, name)
+		return nil
+	}
+	return withDatabase(serverURL, name), drop, nil
 }
 
 // New returns a pool on a new database (see URL), closed when t ends. The

@@ -1,0 +1,53 @@
+// Package idem runs an operation at most once per idempotency key, in the
+// same PostgreSQL transaction as the operation's own writes.
+//
+// # The problem
+//
+// A server commits a charge, the answer is lost on the wire, the client times
+// out and retries, and the customer pays twice. The remedy is an
+// idempotency key (a UUID the client sends with each critical request): the
+// server runs the operation once per key and answers every retry with the
+// first answer.
+//
+// # The guarantee
+//
+// Do claims the key through the table's primary key, runs fn and stores its
+// result in one transaction. The key, fn's writes and the stored result
+// commit together or roll back together, so there is no second system to
+// drift out of step with the database:
+//
+//   - success: stored, and replayed to every retry with the same key;
+//   - a business refusal (a *Refusal: declined, insufficient funds): fn's
+//     writes roll back, the refusal is stored and replayed;
+//   - a technical failure (an error, a panic, a lost connection, a failed
+//     COMMIT): nothing is stored and the key stays free, so the retry runs;
+//   - the same key with a different request: ErrMismatch;
+//   - the same key while the first request still runs: ErrInProgress at once.
+//
+// Keys are kept for a TTL (24 hours by default) and deleted by Sweep.
+//
+// # Example
+//
+//	hash, _ := idem.HashJSON(req)
+//	payment, err := idem.Do(ctx, pool, key, hash, func(tx pgx.Tx) (Payment, error) {
+//		var p Payment
+//		err := tx.QueryRow(ctx,
+//			`UPDATE accounts SET balance = balance - $1 WHERE id = $2 AND balance >= $1
+//			 RETURNING balance`, req.Amount, req.AccountID).Scan(&p.Balance)
+//		if errors.Is(err, pgx.ErrNoRows) {
+//			return p, ErrInsufficientFunds // an idem.Refusal: stored and replayed
+//		}
+//		return p, err
+//	})
+//
+// Wrap does the same for a service method, and the idemhttp package for an
+// HTTP handler. The table comes from the schema package (or
+// schema/001_idempotency_keys.sql).
+//
+// # Cost
+//
+// With a pool or a connection, a first execution takes no round trip beyond
+// those of the bare transaction: the claim travels in the pipeline that
+// carries BEGIN, and the stored result in the one that carries COMMIT. A
+// replay is one round trip that takes no lock and writes nothing.
+package idem

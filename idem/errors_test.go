@@ -1,0 +1,59 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/idem"
+)
+
+func TestRetryable(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{idem.ErrInProgress, true},
+		{fmt.Errorf("wrapped: %w", idem.ErrOutcomeUnknown), true},
+		{&pgconn.PgError{Code: "40001"}, true},
+		{&pgconn.PgError{Code: "40P01"}, true},
+		{&pgconn.PgError{Code: "55P03"}, true},
+		{&pgconn.PgError{Code: "08006"}, true},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{idem.ErrMismatch, false},
+		{idem.ErrInvalidKey, false},
+		{idem.Refuse("declined", ""), false},
+		{errors.New("fn's own error"), false},
+		{io.ErrUnexpectedEOF, false},
+		{context.Canceled, false},
+	}
+	for _, c := range cases {
+		if got := idem.Retryable(c.err); got != c.want {
+			t.Errorf("Retryable(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+func TestRefusalIs(t *testing.T) {
+	t.Parallel()
+	declined := idem.Refuse("card_declined", "declined")
+	replayed := &idem.Refusal{Code: "card_declined", Message: "declined", Status: 402}
+	if !errors.Is(fmt.Errorf("charge: %w", replayed), declined) {
+		t.Fatal("refusals with one code must match")
+	}
+	if errors.Is(replayed, idem.Refuse("insufficient_funds", "")) {
+		t.Fatal("refusals with other codes must not match")
+	}
+	if got := declined.WithStatus(402); got.Status != 402 || declined.Status != 0 {
+		t.Fatal("WithStatus must copy")
+	}
+	if declined.Error() != "refused: card_declined: declined" {
+		t.Fatalf("Error() = %q", declined.Error())
+	}
+}

@@ -1,0 +1,69 @@
+package integration_test
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/schema"
+)
+
+// The embedded schema applies again without harm, on a live table.
+func TestSchemaAppliesTwice(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	seedKeys(t, s, 3, 0)
+	for i := 0; i < 2; i++ {
+		if err := schema.Apply(context.Background(), s.pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.count("SELECT count(*) FROM idempotency_keys"); n != 3 {
+		t.Fatalf("%d keys after re-applying the schema, want 3", n)
+	}
+}
+
+// Every schema/[0-9]*.sql, applied in order with psql -f (twice), yields the
+// table the Go code expects: the same columns as the embedded schema gives.
+func TestSchemaFilesWithPsql(t *testing.T) {
+	t.Parallel()
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Skip("psql not installed")
+	}
+	url := testdb.URL(t)
+	// A database without the table: drop it from the fresh clone first.
+	if out, err := exec.Command(psql, url, "-v", "ON_ERROR_STOP=1", "-qc", "DROP TABLE idempotency_keys").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	files, _ := filepath.Glob("../schema/[0-9]*.sql")
+	var applied []string
+	for pass := 0; pass < 2; pass++ {
+		for _, f := range files {
+			if strings.HasSuffix(f, ".down.sql") {
+				continue
+			}
+			if out, err := exec.Command(psql, url, "-v", "ON_ERROR_STOP=1", "-qf", f).CombinedOutput(); err != nil {
+				t.Fatalf("psql -f %s (pass %d): %v: %s", f, pass, err, out)
+			}
+			applied = append(applied, filepath.Base(f))
+		}
+	}
+	embedded, err := schema.Files()
+	if err != nil || len(embedded) == 0 || len(applied) != 2*len(embedded) || embedded[0].Name != applied[0] {
+		t.Fatalf("embedded files %v vs applied %v (%v)", embedded, applied, err)
+	}
+	columns := func(u string) string {
+		out, err := exec.Command(psql, u, "-Atc", "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'idempotency_keys'").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if got, want := columns(url), columns(testdb.URL(t)); got != want || got == "" {
+		t.Fatalf("psql-applied columns:\n%s\nembedded:\n%s", got, want)
+	}
+}
