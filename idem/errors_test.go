@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -30,7 +31,7 @@ func TestRetryable(t *testing.T) {
 		{idem.ErrInvalidKey, false},
 		{idem.Refuse("declined", ""), false},
 		{errors.New("fn's own error"), false},
-		{io.ErrUnexpectedEOF, false},
+		{io.ErrUnexpectedEOF, true}, // a connection closed mid-exchange
 		{context.Canceled, false},
 	}
 	for _, c := range cases {
@@ -55,5 +56,25 @@ func TestRefusalIs(t *testing.T) {
 	}
 	if declined.Error() != "refused: card_declined: declined" {
 		t.Fatalf("Error() = %q", declined.Error())
+	}
+}
+
+func TestCheckOptions(t *testing.T) {
+	t.Parallel()
+	if err := idem.CheckOptions(idem.WithTTL(time.Hour), idem.WithTable("billing.keys"), idem.WithScope("t1")); err != nil {
+		t.Fatalf("valid options: %v", err)
+	}
+	for _, c := range []struct {
+		opt  idem.Option
+		want error
+	}{
+		{idem.WithTTL(0), idem.ErrInvalidOption},
+		{idem.WithWait(-1), idem.ErrInvalidOption},
+		{idem.WithTable("Keys"), idem.ErrInvalidTable},
+		{idem.WithScope("bad\x00"), idem.ErrInvalidScope},
+	} {
+		if err := idem.CheckOptions(c.opt); !errors.Is(err, c.want) {
+			t.Errorf("CheckOptions: %v, want %v", err, c.want)
+		}
 	}
 }

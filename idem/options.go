@@ -142,3 +142,19 @@ type Sealer interface {
 	Seal(ctx context.Context, scope, key string, plain []byte) ([]byte, error)
 	Open(ctx context.Context, scope, key string, sealed []byte) ([]byte, error)
 }
+
+// CheckOptions reports whether opts are valid, without touching a database:
+// nil, or an error wrapping ErrInvalidOption, ErrInvalidScope or
+// ErrInvalidTable. Do and Sweep check their options on every call; use
+// CheckOptions to find a bad configuration at start-up.
+func CheckOptions(opts ...Option) error {
+	cfg := newConfig(opts)
+	if cfg.err != nil {
+		return cfg.err
+	}
+	if err := validateScope(cfg.scope); err != nil {
+		return err
+	}
+	_, err := statementsFor(cfg.table)
+	return err
+}

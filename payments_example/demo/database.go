@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// localURL is the server tried when no URL is set in the environment; the
+// tests resolve their server the same way.
+const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// serverURL returns IDEM_TEST_DATABASE_URL, else DATABASE_URL, else
+// localURL.
+func serverURL() string {
+	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(env); u != "" {
+			return u
+		}
+	}
+	return localURL
+}
+
+// freshDatabase creates an empty database for this run on the server at
+// server and returns a pool on it, and a function that closes the pool and
+// drops the database.
+func freshDatabase(ctx context.Context, server string) (*pgxpool.Pool, func(), error) {
+	name := fmt.Sprintf("idem_demo_%d", os.Getpid())
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to PostgreSQL (set DATABASE_URL, or run `make postgres`): %w", err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+		return nil, nil, err
+	}
+	if _, err := admin.Exec(ctx, "create database "+name); err != nil {
+		return nil, nil, err
+	}
+	drop := func() {
+		// Runs after an interrupt too: a cancelled ctx must not keep the
+		// database from being dropped.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, server)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "demo: drop database %s: %v\n", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
+			fmt.Fprintf(os.Stderr, "demo: drop database %s: %v\n", name, err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, withDatabase(server, name))
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	return pool, func() { pool.Close(); drop() }, nil
+}
+
+// withDatabase returns the connection string u pointed at database db.
+func withDatabase(u, db string) string {
+	p, err := url.Parse(u)
+	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
+		return u + " dbname=" + db // a keyword/value connection string
+	}
+	p.Path = "/" + db
+	return p.String()
+}

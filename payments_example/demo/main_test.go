@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/payments_example/internal/payments"
+)
+
+func TestMain(m *testing.M) {
+	code := testdb.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// TestPlay runs both halves of the demo on a shorter plan: with idem every
+// lost answer is replayed and the balance is exact; without it every lost
+// answer becomes a duplicate charge.
+func TestPlay(t *testing.T) {
+	pool := testdb.New(t)
+	if err := payments.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	plan := makePlan()[:60]
+
+	with, err := play(t.Context(), pool, payments.NewHandler(pool, nil), plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !with.exact() || with.lost == 0 || with.retries != with.lost || with.replays != with.lost {
+		t.Fatalf("with idem: %+v; want an exact balance, some lost answers, and a replay for each", with)
+	}
+
+	without, err := play(t.Context(), pool, payments.NewUnprotectedHandler(pool, nil), plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if without.lost != with.lost || without.duplicates() != int(without.lost) || without.replays != 0 {
+		t.Fatalf("without idem: %+v; want one duplicate charge per lost answer (%d)", without, with.lost)
+	}
+	if without.actual >= without.expected {
+		t.Fatalf("without idem: balance %d, want less than %d", without.actual, without.expected)
+	}
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+)
+
+// lossyProxy stands for an unreliable network between the client and the
+// service. It forwards each request and reads the service's whole answer,
+// so the service has acted; then, for a share of the requests, it closes
+// the client's connection instead of relaying the answer. The client sees a
+// broken connection and cannot tell whether its payment went through: the
+// situation retries with an Idempotency-Key exist for.
+type lossyProxy struct {
+	upstream string       // the service's base URL
+	client   *http.Client // to the service
+	seed     uint64
+	lossRate float64 // the share of answers dropped, in [0, 1)
+
+	mu       sync.Mutex
+	attempts map[string]int // requests seen per Idempotency-Key
+
+	lost    atomic.Int64 // answers dropped
+	replays atomic.Int64 // answers the service marked Idempotent-Replayed
+}
+
+func newLossyProxy(upstream string, seed uint64, lossRate float64) *lossyProxy {
+	return &lossyProxy{
+		upstream: upstream,
+		client:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		seed:     seed,
+		lossRate: lossRate,
+		attempts: map[string]int{},
+	}
+}
+
+func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	p.mu.Lock()
+	attempt := p.attempts[key]
+	p.attempts[key]++
+	p.mu.Unlock()
+
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.upstream+r.URL.RequestURI(), r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	out.Header = r.Header.Clone()
+	res, err := p.client.Do(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	body, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	if res.Header.Get("Idempotent-Replayed") == "true" {
+		p.replays.Add(1)
+	}
+
+	if p.loses(key, attempt) {
+		p.lost.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return
+	}
+	for k, v := range res.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(res.StatusCode)
+	_, _ = w.Write(body)
+}
+
+// loses decides whether the answer to a request is dropped. The decision
+// depends only on the seed, the key and the attempt number, not on timing
+// or on the order the workers send in, so every run, and both halves of
+// the demo, lose exactly the same answers.
+func (p *lossyProxy) loses(key string, attempt int) bool {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%d/%s/%d", p.seed, key, attempt))
+	u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53) // uniform in [0, 1)
+	return u < p.lossRate
+}
+
+// serve starts an HTTP server for h on a free loopback port and returns
+// its base URL and a function that stops it.
+func serve(h http.Handler) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}

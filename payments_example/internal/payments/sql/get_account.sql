@@ -1,0 +1,3 @@
+SELECT id, owner, balance
+FROM accounts
+WHERE id = $1

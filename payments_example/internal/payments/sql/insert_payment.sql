@@ -1,0 +1,3 @@
+INSERT INTO payments (account_id, amount, currency)
+VALUES ($1, $2, $3)
+RETURNING id
