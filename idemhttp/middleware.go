@@ -117,7 +117,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.problem(w, ProblemMissingKey, "this request needs an "+HeaderKey+" header")
 			return
 		}
-		m.serveUnkeyed(w, r)
+		if _, ok := m.readBody(w, r); ok {
+			m.serveUnkeyed(w, r)
+		}
 		return
 	}
 
@@ -131,20 +133,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		scopeOpt = idem.WithScope(scope)
 	}
 
-	if r.Body == nil {
-		r.Body = http.NoBody
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.maxBody))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			m.problem(w, ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.cfg.maxBody))
-		} else {
-			m.problem(w, ProblemInvalidRequest, "the body could not be read")
-		}
+	body, ok := m.readBody(w, r)
+	if !ok {
 		return
 	}
-	_ = r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	fingerprint, err := m.cfg.fingerprint(r, body)
 	if err != nil {
 		m.problem(w, ProblemInvalidRequest, "the request could not be fingerprinted: "+err.Error())
@@ -202,6 +194,27 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		m.problem(w, ProblemInternal, "the request could not be processed")
 	}
+}
+
+// readBody reads the whole body within the limit, before any database work,
+// and puts it back for the handler. It answers the request itself (413, or
+// 400 for an unreadable body) and reports false when it cannot.
+func (m *middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil {
+		r.Body = http.NoBody
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.maxBody))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			m.problem(w, ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.cfg.maxBody))
+		} else {
+			m.problem(w, ProblemInvalidRequest, "the body could not be read")
+		}
+		return nil, false
+	}
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, true
 }
 
 // serveUnkeyed runs the handler in a plain transaction.

@@ -10,6 +10,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -399,16 +400,20 @@ func TestBodyLimit(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 
-	t.Run("over the limit, database untouched", func(t *testing.T) {
-		// The pool points at a closed port: any database work would fail
-		// with 503, so 413 proves none was attempted.
-		h := idemhttp.New(unreachablePool(t), idemhttp.WithMaxBodyBytes(limit))(echo)
-		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(make([]byte, limit+1)))
-		r.Header.Set(idemhttp.HeaderKey, "big")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		wantProblem(t, w, http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
-	})
+	for _, key := range []string{"big", ""} {
+		t.Run("over the limit, database untouched, key "+strconv.Quote(key), func(t *testing.T) {
+			// The pool points at a closed port: any database work would fail
+			// with 503, so 413 proves none was attempted.
+			h := idemhttp.New(unreachablePool(t), idemhttp.WithMaxBodyBytes(limit))(echo)
+			r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(make([]byte, limit+1)))
+			if key != "" {
+				r.Header.Set(idemhttp.HeaderKey, key)
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			wantProblem(t, w, http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
+		})
+	}
 	t.Run("at the limit, body re-supplied", func(t *testing.T) {
 		a := newApp(t)
 		h := idemhttp.New(a.pool, idemhttp.WithMaxBodyBytes(limit))(echo)
