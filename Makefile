@@ -3,7 +3,7 @@
 GO        ?= go
 GOBIN     := $(CURDIR)/bin
 LINT      := $(GOBIN)/golangci-lint
-LINT_VER  := v2.6.2
+LINT_VER  := v2.15.0
 FUZZTIME  ?= 10s
 
 export PATH := /usr/local/go/bin:$(PATH)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -59,11 +60,10 @@ func CanonicalJSON(doc []byte) ([]byte, error) {
 	if err := canonValue(dec, &buf, 0); err != nil {
 		return nil, fmt.Errorf("idem: canonical JSON: %w", err)
 	}
-	if _, err := dec.Token(); err == nil {
-		return nil, fmt.Errorf("idem: canonical JSON: more than one value")
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("idem: canonical JSON: trailing data")
+	// Only white space may follow the value. Token, not More, must judge it:
+	// More reports a stray ']' or '}' as the end of the input.
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("idem: canonical JSON: trailing data after the value")
 	}
 	return buf.Bytes(), nil
 }
@@ -182,9 +182,7 @@ func canonNumber(buf *bytes.Buffer, n json.Number) error {
 }
 
 func isInteger(s string) bool {
-	if strings.HasPrefix(s, "-") {
-		s = s[1:]
-	}
+	s = strings.TrimPrefix(s, "-")
 	if s == "" {
 		return false
 	}

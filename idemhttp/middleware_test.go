@@ -617,7 +617,7 @@ func (t *lossyTx) Commit(ctx context.Context) error {
 			return err
 		}
 	} else {
-		_ = t.Tx.Rollback(ctx)
+		_ = t.Rollback(ctx)
 	}
 	return errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
 }

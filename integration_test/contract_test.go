@@ -539,10 +539,10 @@ func TestTransactionHandedToFn(t *testing.T) {
 		ctx := context.Background()
 		_, err := do(t, s, v, "k-tx", "h", func(tx pgx.Tx) (int, error) {
 			if err := tx.Commit(ctx); !errors.Is(err, idem.ErrTxOwned) {
-				return 0, fmt.Errorf("Commit: %v, want ErrTxOwned", err)
+				return 0, fmt.Errorf("Commit: %w, want ErrTxOwned", err)
 			}
 			if err := tx.Rollback(ctx); !errors.Is(err, idem.ErrTxOwned) {
-				return 0, fmt.Errorf("Rollback: %v, want ErrTxOwned", err)
+				return 0, fmt.Errorf("Rollback: %w, want ErrTxOwned", err)
 			}
 			inner, err := tx.Begin(ctx)
 			if err != nil {

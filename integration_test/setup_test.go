@@ -102,7 +102,7 @@ var variants = []variant{
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+		defer tx.Rollback(ctx) // after Commit it is a no-op
 		f(tx)
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatalf("outer commit: %v", err)

@@ -73,7 +73,7 @@ func run(ctx context.Context, addr, dbURL string, log *slog.Logger) error {
 	if err := migrate(ctx, pool, log); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}

@@ -129,13 +129,13 @@ func (o outcome) exact() bool {
 // play serves h behind a lossy proxy, opens an account and sends the plan
 // through the proxy.
 func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []payment) (outcome, error) {
-	service, stopService, err := serve(h)
+	service, stopService, err := serve(ctx, h)
 	if err != nil {
 		return outcome{}, err
 	}
 	defer stopService()
 	proxy := newLossyProxy(service, seed, lossRate)
-	proxyURL, stopProxy, err := serve(proxy)
+	proxyURL, stopProxy, err := serve(ctx, proxy)
 	if err != nil {
 		return outcome{}, err
 	}

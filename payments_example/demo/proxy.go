@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -94,8 +95,8 @@ func (p *lossyProxy) loses(key string, attempt int) bool {
 
 // serve starts an HTTP server for h on a free loopback port and returns
 // its base URL and a function that stops it.
-func serve(h http.Handler) (url string, stop func(), err error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func serve(ctx context.Context, h http.Handler) (url string, stop func(), err error) {
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
 	}
