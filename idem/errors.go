@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 
 	"github.com/jackc/pgerrcode"
@@ -96,6 +97,11 @@ func Retryable(err error) bool {
 		return pgerrcode.IsConnectionException(pgErr.Code)
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	// pgx reports a connection the server or network closed mid-exchange as
+	// io.ErrUnexpectedEOF, and a later use of it as ErrConnClosed.
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) {
 		return true
 	}
 	var netErr net.Error
