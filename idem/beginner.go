@@ -37,7 +37,7 @@ func onBeginner[T any](ctx context.Context, db Beginner, c *call, fn func(pgx.Tx
 	b.Queue(c.stmts.claim, c.claimArgs()...)
 	b.Queue("savepoint idem_work")
 	br := tx.SendBatch(ctx, b)
-	cl, claimErr := scanClaim(br.QueryRow())
+	cl, claimErr := c.scanClaim(br.QueryRow())
 	closeErr := br.Close()
 	if claimErr != nil {
 		return zero, fmt.Errorf("idem: claim key: %w", claimErr)

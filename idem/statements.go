@@ -1,10 +1,13 @@
 package idem
 
 import (
+	"context"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/binary"
 	"sync"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/internal/sqltext"
 )
@@ -52,6 +55,39 @@ func statementsFor(table string) (*statements, error) {
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)
 	return actual.(*statements), nil
+}
+
+// preparedKey names the entry of a connection's CustomData that records the
+// statement sets already prepared by name on that connection.
+const preparedKey = "idem.prepared"
+
+// prepareFirstTrip prepares, once per connection, the statements of the
+// first round trip under their own names. pgx forgets every cached statement
+// of a batch that fails, and a replay's batch fails on purpose
+// (assert_claimed): with only the cache, every replay, and the next call on
+// that connection, would pay extra round trips to deallocate and prepare them
+// again. Named statements survive a failed batch. Connections in another
+// exec mode (the simple protocol, or describe-only caching behind PgBouncer)
+// are left as they are.
+func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error {
+	data := conn.PgConn().CustomData()
+	done, _ := data[preparedKey].(map[*statements]bool)
+	if done[s] {
+		return nil
+	}
+	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		for _, sql := range [...]string{s.claim, s.assertClaimed, "begin", "savepoint idem_work"} {
+			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+				return err
+			}
+		}
+	}
+	if done == nil {
+		done = make(map[*statements]bool, 1)
+		data[preparedKey] = done
+	}
+	done[s] = true
+	return nil
 }
 
 // lockID derives the advisory lock that guards (table, scope, key) while a

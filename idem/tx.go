@@ -104,13 +104,23 @@ func Do[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(pg
 
 // call is one validated Do call, free of the result type.
 type call struct {
-	cfg      *config
+	cfg      config
 	stmts    *statements
 	key      string
 	reqHash  string
 	lock     int64
 	ttlMicro int64
 	begin    string
+
+	// What every attempt sends and scans lives here, allocated once with the
+	// call: the arguments boxed once (scope and key go out three times), the
+	// two pipelines with room for their statements, and the claim's targets.
+	scopeArg, keyArg any
+	claimArgv        [5]any
+	first, last      pgx.Batch
+	firstQ           [4]*pgx.QueuedQuery
+	lastQ            [3]*pgx.QueuedQuery
+	scan             claimTargets
 }
 
 func newCall(cfg *config, key, reqHash string) (*call, error) {
@@ -130,19 +140,27 @@ func newCall(cfg *config, key, reqHash string) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &call{
-		cfg:      cfg,
+	c := &call{
+		cfg:      *cfg,
 		stmts:    stmts,
 		key:      key,
 		reqHash:  reqHash,
 		lock:     lockID(cfg.table, cfg.scope, key),
 		ttlMicro: cfg.ttl.Microseconds(),
 		begin:    beginSQL(cfg.txOpts),
-	}, nil
+		scopeArg: cfg.scope,
+		keyArg:   key,
+	}
+	c.claimArgv = [5]any{c.lock, c.scopeArg, c.keyArg, reqHash, c.ttlMicro}
+	return c, nil
 }
 
-func (c *call) claimArgs() []any {
-	return []any{c.lock, c.cfg.scope, c.key, c.reqHash, c.ttlMicro}
+func (c *call) claimArgs() []any { return c.claimArgv[:] }
+
+// batch empties b and gives it room for the statements of one pipeline.
+func batch(b *pgx.Batch, room []*pgx.QueuedQuery) *pgx.Batch {
+	*b = pgx.Batch{QueuedQueries: room[:0]}
+	return b
 }
 
 func attempt[T any](ctx context.Context, db Beginner, c *call, fn func(pgx.Tx) (T, error)) (T, error) {
@@ -181,17 +199,23 @@ type claim struct {
 	rec     *record
 }
 
-func scanClaim(row pgx.Row) (claim, error) {
-	var (
-		cl                claim
-		hash, status      *string
-		response, refusal []byte
-	)
-	if err := row.Scan(&cl.locked, &cl.claimed, &hash, &status, &response, &refusal); err != nil {
-		return cl, err
+// claimTargets are the destinations the claim's row is scanned into.
+type claimTargets struct {
+	locked            *bool
+	claimed           bool
+	hash, status      *string
+	response, refusal []byte
+}
+
+func (c *call) scanClaim(row pgx.Row) (claim, error) {
+	t := &c.scan
+	*t = claimTargets{}
+	if err := row.Scan(&t.locked, &t.claimed, &t.hash, &t.status, &t.response, &t.refusal); err != nil {
+		return claim{}, err
 	}
-	if hash != nil {
-		cl.rec = &record{requestHash: *hash, status: *status, response: response, refusal: refusal}
+	cl := claim{locked: t.locked, claimed: t.claimed}
+	if t.hash != nil {
+		cl.rec = &record{requestHash: *t.hash, status: *t.status, response: t.response, refusal: t.refusal}
 	}
 	return cl, nil
 }
@@ -215,10 +239,16 @@ func onConn[T any](ctx context.Context, conn *pgx.Conn, c *call, fn func(pgx.Tx)
 	// A non-default isolation level must be set before the first snapshot,
 	// so BEGIN goes first and a replay pays a ROLLBACK round trip.
 	claimFirst := c.begin == "begin"
-	b := &pgx.Batch{}
+	if claimFirst {
+		if err := prepareFirstTrip(ctx, conn, c.stmts); err != nil {
+			rollbackConn(ctx, conn)
+			return zero, fmt.Errorf("idem: prepare: %w", err)
+		}
+	}
+	b := batch(&c.first, c.firstQ[:])
 	if claimFirst {
 		b.Queue(c.stmts.claim, c.claimArgs()...)
-		b.Queue(c.stmts.assertClaimed, c.cfg.scope, c.key)
+		b.Queue(c.stmts.assertClaimed, c.scopeArg, c.keyArg)
 		b.Queue("begin")
 	} else {
 		b.Queue(c.begin)
@@ -231,7 +261,7 @@ func onConn[T any](ctx context.Context, conn *pgx.Conn, c *call, fn func(pgx.Tx)
 	if !claimFirst {
 		_, beginErr = br.Exec()
 	}
-	cl, claimErr := scanClaim(br.QueryRow())
+	cl, claimErr := c.scanClaim(br.QueryRow())
 	closeErr := br.Close()
 	if beginErr != nil || claimErr != nil || !cl.claimed || closeErr != nil {
 		rollbackConn(ctx, conn)
@@ -264,11 +294,11 @@ func onConn[T any](ctx context.Context, conn *pgx.Conn, c *call, fn func(pgx.Tx)
 		rollbackConn(ctx, conn)
 		return v, err
 	}
-	fb := &pgx.Batch{}
+	fb := batch(&c.last, c.lastQ[:])
 	if fin.refused {
 		fb.Queue("rollback to savepoint idem_work")
 	}
-	fb.Queue(c.stmts.complete, c.cfg.scope, c.key, fin.status, fin.response, fin.refusal)
+	fb.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
 	fb.Queue("commit")
 	fr := conn.SendBatch(ctx, fb)
 	err = execAll(fr, fb.Len())
@@ -314,8 +344,11 @@ func commitError(err error, ownsCommit bool) error {
 type finish struct {
 	status   string
 	response []byte
-	refusal  []byte
-	refused  bool
+	// refusal is the jsonb parameter: a string, or nil for NULL. A []byte
+	// would travel as bytea in the exec and simple-protocol modes (the
+	// modes for PgBouncer), and the server would reject it as JSON.
+	refusal any
+	refused bool
 }
 
 // finishing decides what fn's return means. A nil finish error means store
@@ -334,7 +367,7 @@ func finishing[T any](ctx context.Context, c *call, v T, fnErr error) (finish, e
 		if err != nil {
 			return fin, fmt.Errorf("idem: encode refusal: %w", err)
 		}
-		fin.refusal, fin.refused, fin.status = raw, true, "refused"
+		fin.refusal, fin.refused, fin.status = string(raw), true, "refused"
 	} else {
 		fin.status = "completed"
 	}
