@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -62,7 +63,7 @@ func CanonicalJSON(doc []byte) ([]byte, error) {
 	}
 	// Only white space may follow the value. Token, not More, must judge it:
 	// More reports a stray ']' or '}' as the end of the input.
-	if _, err := dec.Token(); err != io.EOF {
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("idem: canonical JSON: trailing data after the value")
 	}
 	return buf.Bytes(), nil

@@ -10,6 +10,12 @@
 //     engine answers;
 //
 // and otherwise the test fails with instructions. Source says which it was.
+//
+// IDEM_TEST_ADMIN_URL, when set, is where databases are created and dropped,
+// while tests connect through IDEM_TEST_DATABASE_URL with the database name
+// replaced. Set both to run the tests through a pooler such as PgBouncer in
+// transaction mode, which cannot carry the harness's session advisory lock
+// and whose idle server connections would block ALTER DATABASE.
 package testdb
 
 import (
@@ -41,6 +47,7 @@ const LocalURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 var (
 	once      sync.Once
 	serverURL string // the maintenance database on the resolved server
+	adminURL  string // where databases are created: IDEM_TEST_ADMIN_URL or serverURL
 	source    string
 	template  string
 	resolved  error
@@ -71,6 +78,21 @@ func resolve() error {
 func doResolve() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if err := resolveServer(ctx); err != nil {
+		return err
+	}
+	adminURL = serverURL
+	if u := os.Getenv("IDEM_TEST_ADMIN_URL"); u != "" {
+		if err := ping(ctx, u); err != nil {
+			return fmt.Errorf("IDEM_TEST_ADMIN_URL is set but its server does not answer: %w", err)
+		}
+		adminURL = u
+		source += ", databases created through $IDEM_TEST_ADMIN_URL (" + redact(u) + ")"
+	}
+	return nil
+}
+
+func resolveServer(ctx context.Context) error {
 	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
 		if u := os.Getenv(env); u != "" {
 			if err := ping(ctx, u); err != nil {
@@ -148,7 +170,7 @@ func makeTemplate() error {
 	}
 	template = "idem_tmpl_" + hex.EncodeToString(h.Sum(nil))[:12]
 
-	admin, err := pgx.Connect(ctx, serverURL)
+	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return err
 	}
@@ -171,7 +193,7 @@ func makeTemplate() error {
 	if _, err := admin.Exec(ctx, "create database "+building); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, withDatabase(serverURL, building))
+	conn, err := pgx.Connect(ctx, withDatabase(adminURL, building))
 	if err != nil {
 		return err
 	}
@@ -231,7 +253,7 @@ func create() (string, func() error, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	name := fmt.Sprintf("idem_test_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, counter.Add(1))
-	admin, err := pgx.Connect(ctx, serverURL)
+	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return "", nil, fmt.Errorf("connect: %w", err)
 	}
@@ -242,7 +264,7 @@ func create() (string, func() error, error) {
 	drop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		admin, err := pgx.Connect(ctx, serverURL)
+		admin, err := pgx.Connect(ctx, adminURL)
 		if err != nil {
 			return fmt.Errorf("drop %s: %w", name, err)
 		}

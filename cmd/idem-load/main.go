@@ -1,0 +1,84 @@
+// Command idem-load runs idem.Do from several operating-system processes at
+// once against one PostgreSQL database and then checks, from the database
+// alone, that every logical operation committed exactly once.
+//
+// The parent process creates a fresh database (idem_load_<pid>) on the
+// server named by IDEM_TEST_DATABASE_URL or DATABASE_URL, or on
+// 127.0.0.1:5432 (through IDEM_TEST_ADMIN_URL when set, as the tests do
+// behind a pooler), applies idem's schema and a ledger table, and starts
+// -workers copies of itself. Each worker has its own pool and runs -clients
+// clients that send fresh keys and retries of their own earlier keys, and
+// -race-width racers that send the same new key as the racers of every other
+// worker at the same instant (the parent holds them at a barrier). Every call
+// is idem.Do inserting one ledger row whose amount derives from the key.
+// Workers write what each call returned to a file; the parent reconciles
+// those answers with the ledger and the key table, prints the figures,
+// drops the database, and exits with status 1 on any violation or error.
+//
+// The schedule (which call is fresh, a retry or a race) derives from -seed,
+// so every worker knows the race keys without talking to the others.
+//
+//	go run ./cmd/idem-load -ops 100000 -workers 4 -clients 8
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+)
+
+// plan is the load's shape; parent and workers derive the same schedule
+// from it.
+type plan struct {
+	ops       int
+	workers   int
+	clients   int
+	raceWidth int
+	retryFrac float64
+	raceFrac  float64
+	seed      uint64
+	timeout   time.Duration
+}
+
+func main() {
+	var (
+		p      plan
+		worker = flag.Int("worker", -1, "internal: run as worker `n` (set by the parent)")
+		dbURL  = flag.String("worker-url", "", "internal: the database a worker uses")
+		out    = flag.String("worker-out", "", "internal: the file a worker writes its answers to")
+		keep   = flag.Bool("keep", false, "keep the database afterwards, for inspection")
+	)
+	flag.IntVar(&p.ops, "ops", 100_000, "scheduled calls in total, across all processes")
+	flag.IntVar(&p.workers, "workers", 4, "worker processes")
+	flag.IntVar(&p.clients, "clients", 8, "clients per worker sending fresh keys and retries")
+	flag.IntVar(&p.raceWidth, "race-width", 2, "racers per worker; each race has workers*race-width contenders")
+	flag.Float64Var(&p.retryFrac, "retry", 0.20, "share of calls that retry a key already used")
+	flag.Float64Var(&p.raceFrac, "race", 0.05, "share of calls that race on a new key across processes")
+	flag.Uint64Var(&p.seed, "seed", 1, "seed of the key schedule")
+	flag.DurationVar(&p.timeout, "timeout", 5*time.Minute, "give up after this long")
+	flag.Parse()
+
+	if err := p.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "idem-load:", err)
+		os.Exit(2)
+	}
+	if *worker >= 0 {
+		if err := runWorker(p, *worker, *dbURL, *out); err != nil {
+			fmt.Fprintf(os.Stderr, "idem-load worker %d: %v\n", *worker, err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(runParent(p, *keep))
+}
+
+func (p plan) validate() error {
+	switch {
+	case p.ops < 1 || p.workers < 1 || p.clients < 1 || p.raceWidth < 1:
+		return fmt.Errorf("-ops, -workers, -clients and -race-width must be positive")
+	case p.retryFrac < 0 || p.raceFrac < 0 || p.retryFrac+p.raceFrac >= 1:
+		return fmt.Errorf("-retry and -race must be non-negative and sum to less than 1")
+	}
+	return nil
+}
