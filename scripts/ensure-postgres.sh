@@ -55,8 +55,12 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   # A server installed here only serves the tests: trust local connections.
   sed -i -E 's/^(local|host)(\s+all\s+all\s+.*)(scram-sha-256|md5|peer)$/\1\2trust/' "$hba"
   sed -i -E 's/^(local\s+all\s+postgres\s+)peer$/\1trust/' "$hba"
-  start_cluster || { say "the new cluster did not start"; exit 1; }
-  su postgres -c "psql -qc 'select 1'" >/dev/null
+  # The package may have started the cluster already: restart it so the new
+  # authentication rules apply.
+  pg_ctlcluster --skip-systemctl-redirect "$ver" main restart 2>/dev/null || pg_ctlcluster "$ver" main restart 2>/dev/null || true
+  answers || start_cluster || { say "the new cluster did not start"; exit 1; }
+  # The database the payments example uses by default.
+  su postgres -c "createdb test" 2>/dev/null || true
   exit 0
 fi
 
