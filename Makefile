@@ -18,6 +18,7 @@ postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) un
 	@./scripts/ensure-postgres.sh
 
 test: postgres fmt-check vet tidy-check ## Run every test against a real PostgreSQL, with -race, plus short fuzz runs.
+	@$(GO) run ./internal/testdb/which
 	$(GO) test -race -count=1 ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 

@@ -353,3 +353,31 @@ func WithHostPort(u, hostport string) string {
 	}
 	return strings.TrimSuffix(p.String(), "?")
 }
+
+// Describe says which server the tests will use and its version, without
+// starting a container: for `make test` to print before the tests run.
+func Describe() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	version := func(u string) string {
+		conn, err := pgx.Connect(ctx, u)
+		if err != nil {
+			return ""
+		}
+		defer conn.Close(ctx)
+		var v string
+		if err := conn.QueryRow(ctx, "show server_version").Scan(&v); err != nil {
+			return ""
+		}
+		return ", PostgreSQL " + v
+	}
+	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(env); u != "" {
+			return "$" + env + " (" + redact(u) + version(u) + ")"
+		}
+	}
+	if v := version(LocalURL); v != "" {
+		return "local server at 127.0.0.1:5432" + v
+	}
+	return "testcontainers-go postgres:16-alpine container (no server on 127.0.0.1:5432; needs a Docker engine)"
+}
