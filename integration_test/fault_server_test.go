@@ -18,19 +18,7 @@ import (
 // directPool returns a pool straight to the ledger's database.
 func (l *ledger) directPool(configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	l.t.Helper()
-	cfg, err := pgxpool.ParseConfig(l.url)
-	if err != nil {
-		l.t.Fatal(err)
-	}
-	for _, f := range configure {
-		f(cfg)
-	}
-	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		l.t.Fatal(err)
-	}
-	l.t.Cleanup(p.Close)
-	return p
+	return l.newPool(l.url, configure...)
 }
 
 // holdAccount locks the row of account in a transaction of its own, so

@@ -72,7 +72,13 @@ func newLedger(t *testing.T) *ledger {
 // pool returns a pool through the proxy, closed when the test ends.
 func (l *ledger) pool(configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	l.t.Helper()
-	cfg, err := pgxpool.ParseConfig(l.proxied)
+	return l.newPool(l.proxied, configure...)
+}
+
+// newPool returns a pool on url, closed when the test ends.
+func (l *ledger) newPool(url string, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	l.t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		l.t.Fatal(err)
 	}

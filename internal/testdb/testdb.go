@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"go.uber.org/goleak"
 
 	"github.com/idemhq/idem/schema"
 )
@@ -296,12 +297,20 @@ func New(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	return pool
 }
 
-// Main runs the tests of a package and then stops the container, if one was
-// started. Use it from TestMain together with goleak.
+// Main runs the tests of a package, stops the container if one was started,
+// and fails the run if goroutines leaked. Use it as a package's TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 func Main(m *testing.M) int {
 	code := m.Run()
 	if container != nil {
 		_ = testcontainers.TerminateContainer(container)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
 	return code
 }

@@ -1,26 +1,14 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"testing"
-
-	"go.uber.org/goleak"
 
 	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 )
 
-func TestMain(m *testing.M) {
-	code := testdb.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 
 // TestPlay runs both halves of the demo on a shorter plan: with idem every
 // lost answer is replayed and the balance is exact; without it every lost
