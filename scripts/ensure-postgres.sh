@@ -19,7 +19,7 @@ fi
 
 answers() {
   if command -v pg_isready >/dev/null 2>&1; then
-    pg_isready -q -h 127.0.0.1 -p 5432 -t 2
+    pg_isready -q -h 127.0.0.1 -p 5432 -t 2 -U postgres
   else
     (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null
   fi
@@ -60,7 +60,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   pg_ctlcluster --skip-systemctl-redirect "$ver" main restart 2>/dev/null || pg_ctlcluster "$ver" main restart 2>/dev/null || true
   answers || start_cluster || { say "the new cluster did not start"; exit 1; }
   # The database the payments example uses by default.
-  su postgres -c "createdb test" 2>/dev/null || true
+  su postgres -c "createdb test" 2>/dev/null || say "could not create the database test (it may exist)"
   exit 0
 fi
 
