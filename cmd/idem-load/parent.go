@@ -6,12 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/idemhq/idem/internal/pgurl"
 
 	"github.com/jackc/pgx/v5"
 
@@ -92,7 +93,7 @@ func runParent(p plan, keep bool) int {
 func createDatabase(ctx context.Context, adminURL, serverURL, name string) (string, func(), error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", nil, fmt.Errorf("connect to %s: %w", redact(adminURL), err)
+		return "", nil, fmt.Errorf("connect to %s: %w", pgurl.Redact(adminURL), err)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
@@ -110,7 +111,7 @@ func createDatabase(ctx context.Context, adminURL, serverURL, name string) (stri
 			fmt.Fprintf(os.Stderr, "idem-load: drop database %s: %v\n", name, err)
 		}
 	}
-	conn, err := pgx.Connect(ctx, withDatabase(adminURL, name))
+	conn, err := pgx.Connect(ctx, pgurl.WithDatabase(adminURL, name))
 	if err == nil {
 		err = schema.Apply(ctx, conn)
 		if err == nil {
@@ -122,7 +123,7 @@ func createDatabase(ctx context.Context, adminURL, serverURL, name string) (stri
 		drop()
 		return "", nil, fmt.Errorf("prepare %s: %w", name, err)
 	}
-	return withDatabase(serverURL, name), drop, nil
+	return pgurl.WithDatabase(serverURL, name), drop, nil
 }
 
 // runWorkers starts the worker processes, runs the race barrier between
@@ -194,21 +195,4 @@ func runWorkers(ctx context.Context, p plan, dbURL, dir string) ([]string, error
 		errs = append([]error{barrierErr}, errs...)
 	}
 	return files, errors.Join(errs...)
-}
-
-func withDatabase(u, db string) string {
-	p, err := url.Parse(u)
-	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
-		return u + " dbname=" + db // a keyword/value connection string
-	}
-	p.Path = "/" + db
-	return p.String()
-}
-
-func redact(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "a connection string"
-	}
-	return p.Host + p.Path
 }

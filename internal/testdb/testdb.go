@@ -9,7 +9,7 @@
 //  3. a postgres container started with testcontainers-go, when a Docker
 //     engine answers;
 //
-// and otherwise the test fails with instructions. Source says which it was.
+// and otherwise the test fails with instructions. Describe says which it will be.
 //
 // IDEM_TEST_ADMIN_URL, when set, is where databases are created and dropped,
 // while tests connect through IDEM_TEST_DATABASE_URL with the database name
@@ -39,6 +39,7 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"go.uber.org/goleak"
 
+	"github.com/idemhq/idem/internal/pgurl"
 	"github.com/idemhq/idem/schema"
 )
 
@@ -49,22 +50,11 @@ var (
 	once      sync.Once
 	serverURL string // the maintenance database on the resolved server
 	adminURL  string // where databases are created: IDEM_TEST_ADMIN_URL or serverURL
-	source    string
 	template  string
 	resolved  error
 	container testcontainers.Container
 	counter   atomic.Int64
 )
-
-// Source describes the server the tests use, e.g. "local server at
-// 127.0.0.1:5432". It resolves the server if no test has yet.
-func Source() string {
-	_ = resolve()
-	if resolved != nil {
-		return "none: " + resolved.Error()
-	}
-	return source
-}
 
 func resolve() error {
 	once.Do(func() {
@@ -88,7 +78,6 @@ func doResolve() error {
 			return fmt.Errorf("IDEM_TEST_ADMIN_URL is set but its server does not answer: %w", err)
 		}
 		adminURL = u
-		source += ", databases created through $IDEM_TEST_ADMIN_URL (" + redact(u) + ")"
 	}
 	return nil
 }
@@ -99,12 +88,12 @@ func resolveServer(ctx context.Context) error {
 			if err := ping(ctx, u); err != nil {
 				return fmt.Errorf("%s is set but its server does not answer: %w", env, err)
 			}
-			serverURL, source = u, "$"+env+" ("+redact(u)+")"
+			serverURL = u
 			return nil
 		}
 	}
 	if err := ping(ctx, LocalURL); err == nil {
-		serverURL, source = LocalURL, "local server at 127.0.0.1:5432"
+		serverURL = LocalURL
 		return nil
 	}
 	u, err := startContainer(ctx)
@@ -113,7 +102,7 @@ func resolveServer(ctx context.Context) error {
 			"or run `make test` (it starts or installs a local server), " +
 			"or start a Docker engine for testcontainers-go (" + err.Error() + ")")
 	}
-	serverURL, source = u, "testcontainers-go postgres container"
+	serverURL = u
 	return nil
 }
 
@@ -194,7 +183,7 @@ func makeTemplate() error {
 	if _, err := admin.Exec(ctx, "create database "+building); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, withDatabase(adminURL, building))
+	conn, err := pgx.Connect(ctx, pgurl.WithDatabase(adminURL, building))
 	if err != nil {
 		return err
 	}
@@ -275,7 +264,7 @@ func create() (string, func() error, error) {
 		}
 		return nil
 	}
-	return withDatabase(serverURL, name), drop, nil
+	return pgurl.WithDatabase(serverURL, name), drop, nil
 }
 
 // New returns a pool on a new database (see URL), closed when t ends. The
@@ -313,29 +302,6 @@ func Main(m *testing.M) int {
 		}
 	}
 	return code
-}
-
-func withDatabase(u, db string) string {
-	p, err := url.Parse(u)
-	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
-		// A keyword/value connection string.
-		return u + " dbname=" + db
-	}
-	p.Path = "/" + db
-	return p.String()
-}
-
-func redact(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "a connection string"
-	}
-	if p.User != nil {
-		if _, has := p.User.Password(); has {
-			p.User = url.UserPassword(p.User.Username(), "xxxxx")
-		}
-	}
-	return p.Host + p.Path
 }
 
 // HostPort returns the host:port of a database URL, for tests that put a
@@ -382,7 +348,7 @@ func Describe() string {
 	}
 	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
 		if u := os.Getenv(env); u != "" {
-			return "$" + env + " (" + redact(u) + version(u) + ")"
+			return "$" + env + " (" + pgurl.Redact(u) + version(u) + ")"
 		}
 	}
 	if v := version(LocalURL); v != "" {

@@ -3,9 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"time"
+
+	"github.com/idemhq/idem/internal/pgurl"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,20 +58,10 @@ func freshDatabase(ctx context.Context, server string) (*pgxpool.Pool, func(), e
 			fmt.Fprintf(os.Stderr, "demo: drop database %s: %v\n", name, err)
 		}
 	}
-	pool, err := pgxpool.New(ctx, withDatabase(server, name))
+	pool, err := pgxpool.New(ctx, pgurl.WithDatabase(server, name))
 	if err != nil {
 		drop()
 		return nil, nil, err
 	}
 	return pool, func() { pool.Close(); drop() }, nil
-}
-
-// withDatabase returns the connection string u pointed at database db.
-func withDatabase(u, db string) string {
-	p, err := url.Parse(u)
-	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
-		return u + " dbname=" + db // a keyword/value connection string
-	}
-	p.Path = "/" + db
-	return p.String()
 }
