@@ -8,44 +8,73 @@ import (
 
 // Wrap turns a transactional service method into an idempotent one.
 //
-// method does its work through the transaction it is given. The returned
-// function hashes req with HashJSON, scopes the key by operation (joined
-// after any WithScope, as "scope/operation"), and runs method through Do
-// with opts. A key used for one operation therefore never replays another
-// operation's result. Errors are those of Do and of method.
+// method does its work through the transaction it is given, with a context
+// that carries the call's key (KeyFromContext, CallKey.Derive). The
+// returned function hashes req with HashJSON, stores the key under the
+// operation within the caller's scope (from ctx, see ContextWithScope), and
+// runs method through Run. Errors are those of Do and of method.
 //
-//	charge := idem.Wrap(pool, "payments.charge", svc.Charge)
+//	charge := idem.Wrap(keys, "payments.charge", svc.Charge) // once, at start-up
+//	...
+//	ctx = idem.ContextWithScope(ctx, tenantID)              // per request
 //	payment, err := charge(ctx, key, ChargeRequest{AccountID: 1, Amount: 500})
 //
-// Wrap validates operation and opts when it is called, and panics if they
-// are invalid: a wrong decorator is a programming error, found at start-up.
+// Keys of different operations never meet: the scope a key is stored under
+// encodes the operation and the caller's scope unambiguously (as
+// "\x1f" + operation + "\x1f" + scope, with unit separators that no valid
+// scope or operation holds), so no two (operation, scope) pairs share
+// keys, and no plain scope given to Do or idemhttp equals a Wrap scope. The
+// operation and the scope together must fit in 253 bytes; otherwise the call
+// fails with ErrInvalidScope.
+//
+// Wrap never panics. An invalid db, operation, method or option makes every
+// call of the returned function fail, before any database work, with an
+// error wrapping ErrInvalidOption (or ErrInvalidTable); so does an option
+// that does not apply to Wrap (WithReplayed: use an Observer to see replays).
+// Build wrapped methods once, at start-up, and check them there with one
+// call if a bad configuration must stop the process.
 func Wrap[Req, Resp any](db Beginner, operation string, method func(ctx context.Context, tx pgx.Tx, req Req) (Resp, error), opts ...Option) func(ctx context.Context, key string, req Req) (Resp, error) {
-	cfg := newConfig(opts)
-	scope := operation
-	if cfg.scope != "" {
-		scope = cfg.scope + "/" + operation
+	inner, base := resolve(db)
+	s := base.with(opts, useWrap)
+	switch {
+	case db == nil || method == nil:
+		s.fail(inputError(ErrInvalidOption, "Wrap needs a database and a method"))
+	case operation == "":
+		s.fail(inputError(ErrInvalidOption, "Wrap needs an operation name"))
+	default:
+		if err := validateText(ErrInvalidOption, operation); err != nil {
+			s.fail(err)
+		}
 	}
-	if operation == "" || method == nil || db == nil {
-		panic("idem.Wrap: need a database, an operation name and a method")
-	}
-	if cfg.err != nil {
-		panic(cfg.err)
-	}
-	if err := validateScope(scope); err != nil {
-		panic(err)
-	}
-	if _, err := statementsFor(cfg.table); err != nil {
-		panic(err)
-	}
-	all := append(append(make([]Option, 0, len(opts)+1), opts...), WithScope(scope))
+	s.operation = operation
 	return func(ctx context.Context, key string, req Req) (Resp, error) {
+		call := s // per call: the request hash's failure is the call's own
 		hash, err := HashJSON(req)
 		if err != nil {
-			var zero Resp
-			return zero, err
+			call.fail(inputError(ErrInvalidOption, "%v", err))
 		}
-		return Do(ctx, db, key, hash, func(tx pgx.Tx) (Resp, error) {
-			return method(ctx, tx, req)
-		}, all...)
+		v, _, err := runSettled[Resp](ctx, inner, &call, key, hash, wrapped[Req, Resp]{method, req})
+		return v, err
 	}
+}
+
+// wrapped is a Wrap'd method with its request, as the work of a call.
+type wrapped[Req, Resp any] struct {
+	method func(ctx context.Context, tx pgx.Tx, req Req) (Resp, error)
+	req    Req
+}
+
+func (w wrapped[Req, Resp]) call(ctx context.Context, c *call, tx pgx.Tx) (Resp, error) {
+	return w.method(contextWithKey(ctx, CallKey{Scope: c.scope, Key: c.key}), tx, w.req)
+}
+
+// wrapScope is the scope Wrap stores operation's keys under for scope. The
+// unit separators cannot occur in a valid operation or scope, which makes
+// the encoding injective and distinct from every plain scope.
+func wrapScope(operation, scope string) (string, error) {
+	s := "\x1f" + operation + "\x1f" + scope
+	if len(s) > MaxKeyLen {
+		return "", inputError(ErrInvalidScope, "operation %q and a scope of %d bytes together exceed %d bytes", operation, len(scope), MaxKeyLen-2)
+	}
+	return s, nil
 }

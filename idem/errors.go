@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/internal/dbtx"
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
@@ -31,7 +32,9 @@ var (
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 
 	// ErrInvalidScope means the scope is longer than 255 bytes, not valid
-	// UTF-8, or holds a control character. Nothing was sent to the database.
+	// UTF-8, or holds a control character, or that a call was given two
+	// different scopes (the context's and WithScope). Nothing was sent to the
+	// database.
 	ErrInvalidScope = errors.New("idem: invalid scope")
 
 	// ErrInvalidRequestHash means the request hash is empty, longer than 255
@@ -56,12 +59,29 @@ var (
 
 	// ErrTxOwned is returned by Commit and Rollback of the transaction handed
 	// to fn: Do owns it. To roll back, return an error from fn.
-	ErrTxOwned = errors.New("idem: the transaction belongs to idem.Do; return from fn instead of committing or rolling back")
+	ErrTxOwned = dbtx.ErrTxOwned
 
-	// ErrCorruptRecord means a stored row could not be decoded into the
-	// result type (the type changed incompatibly, or a Sealer failed to open
-	// it). fn did not run.
-	ErrCorruptRecord = errors.New("idem: the stored result cannot be decoded")
+	// ErrCorruptRecord means a stored row could not be read back: it does
+	// not decode into the result type (the type changed incompatibly), or a
+	// Sealer could not open it, or its columns disagree with what was
+	// sealed (the row was edited). fn did not run. Retrying will fail the
+	// same way until the key expires or is forgotten (Client.Forget).
+	ErrCorruptRecord = errors.New("idem: the stored result cannot be read back")
+
+	// ErrKeyLost means the key's own row was gone or no longer in progress
+	// when the call came to store its result: fn deleted or updated it, or
+	// truncated the table. Nothing was committed; the call is a programming
+	// error in fn and retrying will fail the same way.
+	ErrKeyLost = errors.New("idem: the key's row was deleted or changed inside the call (does fn write to the key table?)")
+
+	// ErrResultTooLarge means fn's result, encoded, exceeds
+	// Config.MaxResultBytes. Nothing was stored and fn's writes rolled back;
+	// retrying will fail the same way.
+	ErrResultTooLarge = errors.New("idem: the result is too large to store")
+
+	// ErrNotFound is returned by Client.Lookup for a key that has no row
+	// and is not in progress.
+	ErrNotFound = errors.New("idem: no such key")
 )
 
 // Retryable reports whether err is worth retrying with the same key: the

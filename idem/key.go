@@ -21,7 +21,11 @@ func ValidateKey(key string) error {
 	return validateText(ErrInvalidKey, key)
 }
 
-func validateScope(scope string) error {
+// ValidateScope reports whether scope is acceptable as a key's namespace:
+// empty (the shared namespace), or up to 255 bytes of valid UTF-8 with no
+// control characters. The error wraps ErrInvalidScope and says what was
+// wrong.
+func ValidateScope(scope string) error {
 	if scope == "" {
 		return nil
 	}

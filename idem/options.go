@@ -1,160 +1,253 @@
 package idem
 
 import (
-	"context"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// DefaultTTL is how long a completed key is replayed when WithTTL is not
-// given: 24 hours, as Stripe keeps keys.
-const DefaultTTL = 24 * time.Hour
+// An Option adjusts one call of Do, Run or Wrap, or one Sweep, for what
+// varies per call: WithWait, WithTxOptions, WithObserver. Deployment
+// settings (table, TTL, sealer, observer, logger, limits) belong in Config,
+// checked once by NewClient.
+//
+// An option passed where it does not apply (WithBatchSize to Do, WithWait to
+// Sweep, WithReplayed to Wrap) is an error wrapping ErrInvalidOption, as is an
+// option given a value outside its range; the call then does nothing else.
+// A nil Option is ignored.
+type Option interface {
+	apply(s *settings, u use)
+}
 
-// An Option configures one call of Do, Wrap or Sweep. Options are the
-// module's one configuration style: a call without options uses the
-// defaults, and every option states its default. Build a slice once and pass
-// it to every call to share a configuration.
-type Option func(*config)
+// use is where an option is being applied.
+type use uint8
 
-type config struct {
-	ttl      time.Duration
-	scope    string
-	table    string
+const (
+	useDo use = 1 << iota
+	useRun
+	useWrap
+	useSweep
+
+	useCall = useDo | useRun | useWrap // every kind of call
+)
+
+func (u use) String() string {
+	switch u {
+	case useDo:
+		return "Do"
+	case useRun:
+		return "Run"
+	case useWrap:
+		return "Wrap"
+	default:
+		return "Sweep"
+	}
+}
+
+// option is the one implementation of Option: a name for messages, the uses
+// where it applies, and what it sets.
+type option struct {
+	name  string
+	where use
+	set   func(*settings) error
+}
+
+func (o *option) apply(s *settings, u use) {
+	if o.where&u == 0 {
+		s.fail(inputError(ErrInvalidOption, "%s does not apply to %s", o.name, u))
+		return
+	}
+	if err := o.set(s); err != nil {
+		s.fail(err)
+	}
+}
+
+// settings is the resolved configuration of one call: a Client's Config
+// with the call's options applied.
+type settings struct {
+	table     string
+	stmts     *statements
+	ttl       time.Duration
+	sealer    Sealer
+	observer  Observer
+	logger    *slog.Logger
+	maxResult int
+	batch     int
+
 	wait     time.Duration
 	txOpts   pgx.TxOptions
-	replayed *bool
-	sealer   Sealer
-	batch    int
-	err      error
+	scope    string
+	scopeSet bool // the deprecated per-call WithScope was given
+	// operation is Wrap's: the call's scope is stored encoded with it.
+	operation string
+	replayed  *bool // the deprecated WithReplayed
+	err       error
 }
 
-func newConfig(opts []Option) config {
-	c := config{ttl: DefaultTTL, table: "idempotency_keys", batch: 1000}
+func (s *settings) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// with returns a copy of s with opts applied for use u. The table's
+// statements are looked up again if an option changed the table.
+func (s settings) with(opts []Option, u use) settings {
+	table := s.table
 	for _, o := range opts {
 		if o != nil {
-			o(&c)
+			o.apply(&s, u)
 		}
 	}
-	return c
-}
-
-// WithTTL sets how long a completed key is replayed; after it the key counts
-// as absent and the next call runs fn again. Defaults to DefaultTTL (24h).
-// ttl must be positive.
-func WithTTL(ttl time.Duration) Option {
-	return func(c *config) {
-		if ttl <= 0 {
-			c.setErr(inputError(ErrInvalidOption, "WithTTL(%v): must be positive", ttl))
+	if s.err == nil && (s.stmts == nil || s.table != table) {
+		stmts, err := statementsFor(s.table)
+		if err != nil {
+			s.fail(err)
 		}
-		c.ttl = ttl
+		s.stmts = stmts
 	}
-}
-
-// WithScope sets the namespace of the key: the same key in two scopes is two
-// unrelated keys, so one client can never replay another's stored result.
-// Use the authenticated principal, tenant or operation. Defaults to "" (one
-// shared namespace). At most 255 bytes of valid UTF-8 without control
-// characters; otherwise Do returns ErrInvalidScope.
-func WithScope(scope string) Option {
-	return func(c *config) { c.scope = scope }
-}
-
-// WithTable sets the table that holds the keys, optionally schema-qualified
-// ("billing.idempotency_keys"). It must be a plain lower-case identifier;
-// otherwise Do returns ErrInvalidTable. Create it with schema.ApplyTable.
-// Defaults to "idempotency_keys".
-func WithTable(table string) Option {
-	return func(c *config) { c.table = table }
+	return s
 }
 
 // WithWait makes a call whose key is in progress wait up to d for the first
 // request to finish, then replay its result (or run fn, if the first attempt
-// rolled back). The wait polls with backoff and holds no connection between
-// polls. When d passes, Do returns ErrInProgress. Defaults to 0: answer
-// ErrInProgress at once.
+// rolled back). The wait polls with backoff and jitter and holds no
+// connection between polls. When d passes, the call returns ErrInProgress.
+// Defaults to 0: answer ErrInProgress at once. Applies to Do, Run and Wrap.
 func WithWait(d time.Duration) Option {
-	return func(c *config) {
+	return &option{name: "WithWait", where: useCall, set: func(s *settings) error {
 		if d < 0 {
-			c.setErr(inputError(ErrInvalidOption, "WithWait(%v): must not be negative", d))
+			return inputError(ErrInvalidOption, "WithWait(%v): must not be negative", d)
 		}
-		c.wait = d
-	}
+		s.wait = d
+		return nil
+	}}
 }
 
 // WithTxOptions sets the isolation and deferrable modes of the transaction
 // Do begins. AccessMode must not be read only (the key is written), and
-// BeginQuery and CommitQuery are not supported. Ignored when Do is given an
-// outer pgx.Tx, whose transaction is already open. Defaults to the server's
-// default (READ COMMITTED unless configured otherwise).
+// BeginQuery and CommitQuery are not supported. Given an outer pgx.Tx, Do
+// runs in a savepoint of it and these options have no effect. Defaults to
+// the server's default (READ COMMITTED unless configured otherwise).
+// Applies to Do, Run and Wrap.
 func WithTxOptions(o pgx.TxOptions) Option {
-	return func(c *config) {
+	return &option{name: "WithTxOptions", where: useCall, set: func(s *settings) error {
 		if o.AccessMode == pgx.ReadOnly || o.BeginQuery != "" || o.CommitQuery != "" {
-			c.setErr(inputError(ErrInvalidOption, "WithTxOptions: read-only access, BeginQuery and CommitQuery are not supported"))
+			return inputError(ErrInvalidOption, "WithTxOptions: read-only access, BeginQuery and CommitQuery are not supported")
 		}
-		c.txOpts = o
-	}
+		s.txOpts = o
+		return nil
+	}}
 }
 
-// WithReplayed makes Do set *p to whether the result it returns was replayed
-// from a stored row (true) or produced by running fn now (false). The HTTP
-// layer uses it to send Idempotent-Replayed. p must not be nil.
-func WithReplayed(p *bool) Option {
-	return func(c *config) {
-		if p == nil {
-			c.setErr(inputError(ErrInvalidOption, "WithReplayed(nil)"))
+// WithObserver sets the Observer told about this call, in place of
+// Config.Observer. A nil o turns observation off for the call. Applies to
+// Do, Run and Wrap.
+func WithObserver(o Observer) Option {
+	return &option{name: "WithObserver", where: useCall, set: func(s *settings) error {
+		s.observer = o
+		return nil
+	}}
+}
+
+// WithTTL sets how long a completed key is replayed, counted from its
+// completion. ttl must be positive. Applies to Do, Run and Wrap.
+//
+// Deprecated: the TTL is deployment configuration: set Config.TTL and pass
+// the Client from NewClient. WithTTL overrides it for one call.
+func WithTTL(ttl time.Duration) Option {
+	return &option{name: "WithTTL", where: useCall, set: func(s *settings) error {
+		if ttl <= 0 {
+			return inputError(ErrInvalidOption, "WithTTL(%v): must be positive", ttl)
 		}
-		c.replayed = p
-	}
+		s.ttl = ttl
+		return nil
+	}}
 }
 
-// WithSealer makes Do pass every stored result through s: Seal before it is
-// written, Open after it is read. Use it to encrypt or redact personal data
-// at rest. Defaults to none: results are stored as encoded.
-func WithSealer(s Sealer) Option {
-	return func(c *config) { c.sealer = s }
+// WithScope sets the namespace of the key for one call, as ContextWithScope
+// does for a context. A call given both a context scope and a different
+// WithScope fails with ErrInvalidScope rather than pick one. Applies to Do,
+// Run and Wrap.
+//
+// Deprecated: carry the scope in the context (ContextWithScope), so that
+// one Wrap or one middleware serves every principal.
+func WithScope(scope string) Option {
+	return &option{name: "WithScope", where: useCall, set: func(s *settings) error {
+		s.scope, s.scopeSet = scope, true
+		return nil
+	}}
 }
 
-// WithBatchSize sets how many expired keys Sweep deletes per statement.
-// Defaults to 1000; must be positive.
+// WithTable sets the table that holds the keys, optionally schema-qualified
+// ("billing.idempotency_keys"). It must be a plain lower-case identifier;
+// otherwise the call fails with ErrInvalidTable. Applies to Do, Run, Wrap and
+// Sweep.
+//
+// Deprecated: the table is deployment configuration: set Config.Table.
+func WithTable(table string) Option {
+	return &option{name: "WithTable", where: useCall | useSweep, set: func(s *settings) error {
+		s.table = table
+		return nil
+	}}
+}
+
+// WithSealer makes the call pass what it stores through sl (see Sealer).
+// Applies to Do, Run and Wrap.
+//
+// Deprecated: the sealer is deployment configuration: set Config.Sealer.
+func WithSealer(sl Sealer) Option {
+	return &option{name: "WithSealer", where: useCall, set: func(s *settings) error {
+		s.sealer = sl
+		return nil
+	}}
+}
+
+// WithBatchSize sets how many expired keys Sweep deletes per statement; n
+// must be positive. Applies to Sweep only.
+//
+// Deprecated: set Config.SweepBatchSize.
 func WithBatchSize(n int) Option {
-	return func(c *config) {
+	return &option{name: "WithBatchSize", where: useSweep, set: func(s *settings) error {
 		if n <= 0 {
-			c.setErr(inputError(ErrInvalidOption, "WithBatchSize(%d): must be positive", n))
+			return inputError(ErrInvalidOption, "WithBatchSize(%d): must be positive", n)
 		}
-		c.batch = n
-	}
+		s.batch = n
+		return nil
+	}}
 }
 
-func (c *config) setErr(err error) {
-	if c.err == nil {
-		c.err = err
-	}
+// WithReplayed makes Do set *p to whether its result was replayed. It
+// applies to Do only: a Wrap'd function or a middleware shares its options
+// between concurrent calls, so one pointer would race, and Run returns the
+// Outcome.
+//
+// Deprecated: use Run, which returns the Outcome, as singleflight's Do
+// returns shared.
+func WithReplayed(p *bool) Option {
+	return &option{name: "WithReplayed", where: useDo, set: func(s *settings) error {
+		if p == nil {
+			return inputError(ErrInvalidOption, "WithReplayed(nil)")
+		}
+		s.replayed = p
+		return nil
+	}}
 }
 
-// A Sealer transforms stored results: Seal before a result is written, Open
-// after it is read back for a replay. scope and key identify the row; bind
-// them as additional authenticated data when encrypting, so a sealed result
-// cannot be moved to another key. An error from Seal rolls the call back
-// (nothing is stored); an error from Open is returned wrapped in
-// ErrCorruptRecord.
-type Sealer interface {
-	Seal(ctx context.Context, scope, key string, plain []byte) ([]byte, error)
-	Open(ctx context.Context, scope, key string, sealed []byte) ([]byte, error)
-}
-
-// CheckOptions reports whether opts are valid, without touching a database:
-// nil, or an error wrapping ErrInvalidOption, ErrInvalidScope or
-// ErrInvalidTable. Do and Sweep check their options on every call; use
-// CheckOptions to find a bad configuration at start-up.
+// CheckOptions reports whether opts are valid for a call of Run (and so of
+// Do),
+// without touching a database: nil, or an error wrapping ErrInvalidOption,
+// ErrInvalidScope or ErrInvalidTable. Integrations that pass the same
+// per-call options to every call check them with it once, at start-up.
+// Deployment settings belong in a Config, which NewClient checks.
 func CheckOptions(opts ...Option) error {
-	cfg := newConfig(opts)
-	if cfg.err != nil {
-		return cfg.err
+	s := defaultSettings().with(opts, useRun)
+	if s.err != nil {
+		return s.err
 	}
-	if err := validateScope(cfg.scope); err != nil {
-		return err
+	if s.scopeSet {
+		return ValidateScope(s.scope)
 	}
-	_, err := statementsFor(cfg.table)
-	return err
+	return nil
 }

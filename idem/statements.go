@@ -2,9 +2,7 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/binary"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +21,10 @@ var (
 	lookupSQL string
 	//go:embed sql/sweep.sql
 	sweepSQL string
+	//go:embed sql/record.sql
+	recordSQL string
+	//go:embed sql/forget.sql
+	forgetSQL string
 )
 
 // statements is the SQL of one table, rewritten once and reused: pgx caches
@@ -30,7 +32,7 @@ var (
 type statements struct {
 	table                                  string
 	claim, assertClaimed, complete, lookup string
-	sweep                                  string
+	sweep, record, forget                  string
 }
 
 // statementCache maps a table name to its *statements. It only ever grows
@@ -52,6 +54,8 @@ func statementsFor(table string) (*statements, error) {
 		complete:      t.Rewrite(completeSQL),
 		lookup:        t.Rewrite(lookupSQL),
 		sweep:         t.Rewrite(sweepSQL),
+		record:        t.Rewrite(recordSQL),
+		forget:        t.Rewrite(forgetSQL),
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)
 	return actual.(*statements), nil
@@ -88,20 +92,4 @@ func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error 
 	}
 	done[s] = true
 	return nil
-}
-
-// lockID derives the advisory lock that guards (table, scope, key) while a
-// transaction holds the key. Two keys sharing a lock id (odds 2^-64 per
-// pair in flight at the same instant) only make one of them answer
-// ErrInProgress early; they can never both commit, because the primary key
-// decides ownership.
-func lockID(table, scope, key string) int64 {
-	h := sha256.New()
-	h.Write([]byte(table))
-	h.Write([]byte{0})
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }

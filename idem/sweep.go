@@ -3,65 +3,106 @@ package idem
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/internal/dbtx"
 )
 
 // An Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+type Execer = dbtx.Execer
 
-// Sweep deletes expired keys and returns how many it deleted. It deletes in
-// batches (WithBatchSize, default 1000), each its own statement, so no lock
-// is held for long and rows being replaced by a concurrent call are skipped
-// rather than waited for. It stops when a batch comes back short, or when
-// ctx ends (returning what it deleted so far and ctx's error). Only WithTable
-// and WithBatchSize apply.
+// Sweep deletes expired keys and returns how many it deleted. A key is
+// expired once its TTL has passed since it completed. Sweep deletes in
+// batches (DefaultSweepBatchSize, or WithBatchSize), each its own statement,
+// so no lock is held for long and rows being replaced by a concurrent call
+// are skipped rather than waited for. It stops when a batch comes back short,
+// or when ctx ends (returning what it deleted so far and ctx's error). Only
+// WithTable and WithBatchSize apply; any other option is an error.
 //
 // Given a pool, each batch commits on its own. Given a pgx.Tx, the batches
-// commit with that transaction.
+// commit with that transaction. Client.Sweep does the same with a Client's
+// settings.
 func Sweep(ctx context.Context, db Execer, opts ...Option) (int64, error) {
-	cfg := newConfig(opts)
-	if cfg.err != nil {
-		return 0, cfg.err
+	s := defaultSettings().with(opts, useSweep)
+	if s.err != nil {
+		return 0, s.err
 	}
-	stmts, err := statementsFor(cfg.table)
-	if err != nil {
-		return 0, err
-	}
+	return sweep(ctx, db, &s)
+}
+
+func sweep(ctx context.Context, db Execer, s *settings) (int64, error) {
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		tag, err := db.Exec(ctx, stmts.sweep, cfg.batch)
+		tag, err := db.Exec(ctx, s.stmts.sweep, s.batch)
 		if err != nil {
-			return total, fmt.Errorf("idem: sweep: %w", err)
+			return total, fmt.Errorf("idem: sweep %s: %w", s.table, err)
 		}
 		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(cfg.batch) {
+		if tag.RowsAffected() < int64(s.batch) {
 			return total, nil
 		}
 	}
 }
 
 // SweepEvery runs Sweep now and then every interval until ctx ends, and
-// returns ctx's error. A failed sweep is reported to onError (which may be
-// nil) and retried at the next tick: a database that is briefly away must
-// not stop the cleanup for good.
+// returns ctx's error. A failed sweep is reported to onError and retried at
+// the next tick: a database that is briefly away must not stop the cleanup
+// for good. With a nil onError, failures go to slog.Default(), so that none
+// is lost.
 //
 //	go idem.SweepEvery(ctx, pool, time.Hour, func(err error) { log.Print(err) })
 func SweepEvery(ctx context.Context, db Execer, interval time.Duration, onError func(error), opts ...Option) error {
+	s := defaultSettings().with(opts, useSweep)
+	if s.err != nil {
+		return s.err
+	}
+	return sweepEvery(ctx, db, &s, interval, onError)
+}
+
+// Sweep deletes the Client's expired keys, as the package-level Sweep does,
+// in batches of Config.SweepBatchSize.
+func (c *Client) Sweep(ctx context.Context) (int64, error) {
+	return sweep(ctx, c.execer(), &c.base)
+}
+
+// SweepEvery runs c.Sweep now and then every interval until ctx ends, and
+// returns ctx's error. A failed sweep is retried at the next tick and
+// reported to onError, if given, and to Config.Logger, if set; with neither,
+// to slog.Default(), so that no failure is lost. Each sweep that deleted
+// keys is logged at debug level with the count.
+func (c *Client) SweepEvery(ctx context.Context, interval time.Duration, onError func(error)) error {
+	return sweepEvery(ctx, c.execer(), &c.base, interval, onError)
+}
+
+func sweepEvery(ctx context.Context, db Execer, s *settings, interval time.Duration, onError func(error)) error {
 	if interval <= 0 {
 		return inputError(ErrInvalidOption, "SweepEvery interval %v: must be positive", interval)
+	}
+	log := s.logger
+	if log == nil && onError == nil {
+		log = slog.Default()
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if _, err := Sweep(ctx, db, opts...); err != nil && ctx.Err() == nil && onError != nil {
-			onError(err)
+		n, err := sweep(ctx, db, s)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if onError != nil {
+				onError(err)
+			}
+			if log != nil {
+				log.ErrorContext(ctx, "idem: sweep failed; retrying at the next interval", "table", s.table, "deleted", n, "err", err, "next", interval)
+			}
+		case err == nil && n > 0 && log != nil:
+			log.DebugContext(ctx, "idem: swept expired keys", "table", s.table, "deleted", n)
 		}
 		select {
 		case <-ctx.Done():
@@ -69,4 +110,23 @@ func SweepEvery(ctx context.Context, db Execer, interval time.Duration, onError 
 		case <-t.C:
 		}
 	}
+}
+
+// execer is the Client's database as an Execer: itself when it is one
+// (pools, connections, transactions), else a transaction per statement.
+func (c *Client) execer() Execer {
+	if e, ok := c.db.(Execer); ok {
+		return e
+	}
+	return txExecer{c.db}
+}
+
+type txExecer struct{ db Beginner }
+
+func (e txExecer) Exec(ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
+	err = pgx.BeginFunc(ctx, e.db, func(tx pgx.Tx) error {
+		tag, err = tx.Exec(ctx, sql, args...)
+		return err
+	})
+	return tag, err
 }

@@ -76,7 +76,8 @@ func parseString(v string) (string, error) {
 			b.WriteByte(v[i])
 		case c == '"':
 			if rest := strings.Trim(v[i+1:], " \t"); rest != "" {
-				return "", fmt.Errorf("%w: %q after the quoted key (lists and parameters are not accepted)", idem.ErrInvalidKey, rest)
+				// The rest is not echoed: it is client input of any length.
+				return "", fmt.Errorf("%w: %d bytes after the quoted key (lists and parameters are not accepted)", idem.ErrInvalidKey, len(rest))
 			}
 			return b.String(), nil
 		case c < 0x20 || c > 0x7e:

@@ -2,49 +2,59 @@ package idemhttp
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // The problem types of the answers the middleware gives itself, as RFC 9457
-// application/problem+json. They are stable: clients may branch on them.
-// None of these answers is stored under the key.
+// application/problem+json. They are relative references, resolved against
+// the service's own URL, so they name no domain but the service's;
+// Config.ProblemBase replaces their "/problems/" prefix. They are stable:
+// clients may branch on them. None of these answers is stored under the key.
 const (
-	// ProblemMissingKey: a covered request without a key while WithRequired
-	// is set. 400.
-	ProblemMissingKey = "https://idem.dev/problems/missing-key"
+	// ProblemMissingKey: a covered request without a key while
+	// Config.Required is set. Send the request again with an
+	// Idempotency-Key. 400.
+	ProblemMissingKey = "/problems/missing-key"
 	// ProblemInvalidKey: the Idempotency-Key header is malformed (see
-	// ParseKey). 400.
-	ProblemInvalidKey = "https://idem.dev/problems/invalid-key"
+	// ParseKey). Send a valid key. 400.
+	ProblemInvalidKey = "/problems/invalid-key"
 	// ProblemKeyMismatch: the key was used before with another request. Use
-	// a new key for a new request. 422.
-	ProblemKeyMismatch = "https://idem.dev/problems/key-mismatch"
+	// a new key for a new request; never retry this one as it is. 422.
+	ProblemKeyMismatch = "/problems/key-mismatch"
 	// ProblemInProgress: a request with this key is being processed. Retry
 	// with the same key after Retry-After. 409.
-	ProblemInProgress = "https://idem.dev/problems/in-progress"
-	// ProblemBodyTooLarge: the body exceeds WithMaxBodyBytes. 413.
-	ProblemBodyTooLarge = "https://idem.dev/problems/body-too-large"
+	ProblemInProgress = "/problems/in-progress"
+	// ProblemBodyTooLarge: the body exceeds Config.MaxBodyBytes. 413.
+	ProblemBodyTooLarge = "/problems/body-too-large"
 	// ProblemOutcomeUnknown: the connection to the database failed while
 	// the transaction was committing. Retry with the same key after
 	// Retry-After to learn the outcome; never with a new key. 503.
-	ProblemOutcomeUnknown = "https://idem.dev/problems/outcome-unknown"
+	ProblemOutcomeUnknown = "/problems/outcome-unknown"
 	// ProblemUnavailable: the database could not be reached or the
 	// transaction failed for a passing reason; nothing was stored. Retry
 	// with the same key after Retry-After. 503.
-	ProblemUnavailable = "https://idem.dev/problems/unavailable"
-	// ProblemUnauthorized: the WithScope function returned an error, so the
-	// request has no principal to scope its key by. 401.
-	ProblemUnauthorized = "https://idem.dev/problems/unauthorized"
-	// ProblemInvalidRequest: the body could not be read, or the
-	// WithFingerprint function returned an error. 400.
-	ProblemInvalidRequest = "https://idem.dev/problems/invalid-request"
-	// ProblemInternal: a failure that a retry will not cure, such as an
-	// invalid scope or a stored response that cannot be decoded. 500.
-	ProblemInternal = "https://idem.dev/problems/internal-error"
+	ProblemUnavailable = "/problems/unavailable"
+	// ProblemUnauthorized: the Config.Scope function returned an error, so
+	// the request has no principal to scope its key by. 401.
+	ProblemUnauthorized = "/problems/unauthorized"
+	// ProblemInvalidRequest: the body could not be read, the fingerprint
+	// function failed, or the request's principal is not a valid scope. 400.
+	ProblemInvalidRequest = "/problems/invalid-request"
+	// ProblemResponseTooLarge: the handler's response exceeds
+	// Config.MaxResponseBytes; its writes rolled back and nothing was
+	// stored. A retry will fail the same way. 500.
+	ProblemResponseTooLarge = "/problems/response-too-large"
+	// ProblemInternal: a failure that a retry will not cure, such as a
+	// stored response that cannot be read back. 500.
+	ProblemInternal = "/problems/internal-error"
 )
 
-// A Problem is the RFC 9457 body of the middleware's own answers.
+// A Problem is an answer of the middleware's own: by default the RFC 9457
+// body, or what Config.WriteProblem renders.
 type Problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -53,42 +63,82 @@ type Problem struct {
 }
 
 var problemStatus = map[string]int{
-	ProblemMissingKey:     http.StatusBadRequest,
-	ProblemInvalidKey:     http.StatusBadRequest,
-	ProblemKeyMismatch:    http.StatusUnprocessableEntity,
-	ProblemInProgress:     http.StatusConflict,
-	ProblemBodyTooLarge:   http.StatusRequestEntityTooLarge,
-	ProblemOutcomeUnknown: http.StatusServiceUnavailable,
-	ProblemUnavailable:    http.StatusServiceUnavailable,
-	ProblemUnauthorized:   http.StatusUnauthorized,
-	ProblemInvalidRequest: http.StatusBadRequest,
-	ProblemInternal:       http.StatusInternalServerError,
+	ProblemMissingKey:       http.StatusBadRequest,
+	ProblemInvalidKey:       http.StatusBadRequest,
+	ProblemKeyMismatch:      http.StatusUnprocessableEntity,
+	ProblemInProgress:       http.StatusConflict,
+	ProblemBodyTooLarge:     http.StatusRequestEntityTooLarge,
+	ProblemOutcomeUnknown:   http.StatusServiceUnavailable,
+	ProblemUnavailable:      http.StatusServiceUnavailable,
+	ProblemUnauthorized:     http.StatusUnauthorized,
+	ProblemInvalidRequest:   http.StatusBadRequest,
+	ProblemResponseTooLarge: http.StatusInternalServerError,
+	ProblemInternal:         http.StatusInternalServerError,
 }
 
 var problemTitle = map[string]string{
-	ProblemMissingKey:     "Idempotency-Key required",
-	ProblemInvalidKey:     "Invalid Idempotency-Key",
-	ProblemKeyMismatch:    "Idempotency-Key reused for another request",
-	ProblemInProgress:     "Request with this Idempotency-Key in progress",
-	ProblemBodyTooLarge:   "Request body too large",
-	ProblemOutcomeUnknown: "Outcome unknown",
-	ProblemUnavailable:    "Service unavailable",
-	ProblemUnauthorized:   "Unauthorized",
-	ProblemInvalidRequest: "Invalid request",
-	ProblemInternal:       "Internal error",
+	ProblemMissingKey:       "Idempotency-Key required",
+	ProblemInvalidKey:       "Invalid Idempotency-Key",
+	ProblemKeyMismatch:      "Idempotency-Key reused for another request",
+	ProblemInProgress:       "Request with this Idempotency-Key in progress",
+	ProblemBodyTooLarge:     "Request body too large",
+	ProblemOutcomeUnknown:   "Outcome unknown",
+	ProblemUnavailable:      "Service unavailable",
+	ProblemUnauthorized:     "Unauthorized",
+	ProblemInvalidRequest:   "Invalid request",
+	ProblemResponseTooLarge: "Response too large",
+	ProblemInternal:         "Internal error",
 }
 
-// writeProblem answers with the problem typ. 409 and 503 carry Retry-After.
-func writeProblem(w http.ResponseWriter, typ, detail string, retryAfter time.Duration) {
-	p := Problem{Type: typ, Title: problemTitle[typ], Status: problemStatus[typ], Detail: detail}
-	body, _ := json.Marshal(p) // strings and an int cannot fail to encode
+// problemFor is the Problem for typ with the configured base.
+func (c *Config) problemFor(typ, detail string) Problem {
+	t := typ
+	if c.ProblemBase != DefaultProblemBase {
+		t = c.ProblemBase + strings.TrimPrefix(typ, DefaultProblemBase)
+	}
+	return Problem{Type: t, Title: problemTitle[typ], Status: problemStatus[typ], Detail: detail}
+}
+
+// writeProblem answers with the problem typ and returns its status. 409 and
+// 503 carry Retry-After.
+func writeProblem(w http.ResponseWriter, r *http.Request, c *Config, typ, detail string) int {
+	p := c.problemFor(typ, detail)
 	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
-		secs := int64((retryAfter + time.Second - 1) / time.Second)
+		secs := int64((c.RetryAfter + time.Second - 1) / time.Second)
 		h.Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
 	}
+	if c.WriteProblem != nil {
+		c.WriteProblem(w, r, p)
+		return p.Status
+	}
+	body, _ := json.Marshal(p) // strings and an int cannot fail to encode
+	h.Set("Content-Type", "application/problem+json")
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(body)
+	return p.Status
+}
+
+type level int
+
+const (
+	levelWarn level = iota
+	levelError
+)
+
+// report hands a 5xx of the middleware's own, and its cause, to the logger
+// and the error callback. The key is not logged: it is client data.
+func (m *Middleware) report(r *http.Request, p Problem, cause error, lvl level) {
+	if m.log != nil {
+		l := slog.LevelError
+		if lvl == levelWarn {
+			l = slog.LevelWarn
+		}
+		m.log.Log(r.Context(), l, "idemhttp: "+p.Title,
+			"method", r.Method, "path", r.URL.Path, "status", p.Status, "type", p.Type, "err", cause)
+	}
+	if m.cfg.OnError != nil {
+		m.cfg.OnError(r, p, cause)
+	}
 }

@@ -64,7 +64,8 @@ func (r *response) UnmarshalBinary(data []byte) error {
 	d := decoder{b: data[1:]}
 	status := d.uvarint()
 	fields := d.uvarint()
-	if d.err == nil && (status < 100 || status > 999) {
+	// Only final statuses are ever stored; anything else is a tampered row.
+	if d.err == nil && (status < 200 || status > 599) {
 		return fmt.Errorf("idemhttp: stored response: status %d", status)
 	}
 	// Every field takes at least two bytes, which bounds the allocation.
@@ -125,11 +126,15 @@ func (d *decoder) string() string {
 	return s
 }
 
-// writeTo sends r to w, with Idempotent-Replayed: true when replayed.
-func (r response) writeTo(w http.ResponseWriter, replayed bool) {
+// writeTo sends r to w, with Idempotent-Replayed: true when replayed, and
+// returns the status. allow, if not nil, lists the headers a stored response
+// may carry: a row edited in the table cannot make a replay set a cookie.
+func (r response) writeTo(w http.ResponseWriter, replayed bool, allow map[string]bool) int {
 	h := w.Header()
 	for name, values := range r.header {
-		h[name] = values
+		if allow == nil || allow[name] {
+			h[name] = values
+		}
 	}
 	if replayed {
 		h.Set(HeaderReplayed, "true")
@@ -137,76 +142,5 @@ func (r response) writeTo(w http.ResponseWriter, replayed bool) {
 	w.WriteHeader(r.status)
 	// A write error means the client left; the outcome is already settled.
 	_, _ = w.Write(r.body)
-}
-
-// capture is the http.ResponseWriter handed to the handler. It holds the
-// whole response until the transaction has ended, so the client never sees a
-// success that did not commit.
-//
-// It implements neither http.Flusher nor http.Hijacker, and has no Unwrap:
-// http.ResponseController reports flushing and hijacking as unsupported.
-type capture struct {
-	header http.Header
-	sent   http.Header // header as it was at WriteHeader, as net/http sends it
-	status int
-	body   bytes.Buffer
-}
-
-func newCapture() *capture { return &capture{header: make(http.Header)} }
-
-// Header returns the header map the handler fills.
-func (c *capture) Header() http.Header { return c.header }
-
-// WriteHeader records the status of the first call with a final status.
-// Informational (1xx) statuses are dropped: nothing reaches the client
-// before the transaction ends.
-func (c *capture) WriteHeader(status int) {
-	if status < 100 || status > 999 {
-		// The same contract as net/http's own writers.
-		panic(fmt.Sprintf("invalid WriteHeader code %v", status))
-	}
-	if c.status != 0 || status < 200 {
-		return
-	}
-	c.status = status
-	c.sent = c.header.Clone()
-}
-
-// Write appends to the buffered body.
-func (c *capture) Write(p []byte) (int, error) {
-	if c.status == 0 {
-		c.WriteHeader(http.StatusOK)
-	}
-	return c.body.Write(p)
-}
-
-// finish settles what net/http would have settled on the first write: the
-// status defaults to 200, and a body without Content-Type gets a sniffed
-// one, so the first response and its replays carry the same type.
-// Changes to the header map after WriteHeader are dropped, as net/http drops
-// them.
-func (c *capture) finish() {
-	if c.status == 0 {
-		c.WriteHeader(http.StatusOK)
-	}
-	c.header = c.sent
-	if _, set := c.header["Content-Type"]; !set && c.body.Len() > 0 && c.header.Get("Content-Encoding") == "" {
-		c.header.Set("Content-Type", http.DetectContentType(c.body.Bytes()))
-	}
-}
-
-// full is the captured response as the handler wrote it.
-func (c *capture) full() response {
-	return response{status: c.status, header: c.header, body: c.body.Bytes()}
-}
-
-// stored is the captured response reduced to the headers that are replayed.
-func (c *capture) stored(names []string) response {
-	h := make(http.Header)
-	for _, name := range names {
-		if v, ok := c.header[name]; ok && len(v) > 0 {
-			h[name] = slices.Clone(v)
-		}
-	}
-	return response{status: c.status, header: h, body: c.body.Bytes()}
+	return r.status
 }

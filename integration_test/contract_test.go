@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -369,10 +370,22 @@ func TestFailuresAreNotStored(t *testing.T) {
 			})
 			assertClean("after cancellation")
 		})
-		t.Run("unencodable result", func(t *testing.T) {
+		t.Run("result type that cannot be stored", func(t *testing.T) {
+			ran := false
 			_, err := do(t, s, v, "k-err", "h", func(tx pgx.Tx) (func(), error) {
+				ran = true
+				return func() {}, nil
+			})
+			if !errors.Is(err, idem.ErrInvalidOption) || ran {
+				t.Fatalf("err = %v, fn ran: %v; want ErrInvalidOption before fn runs", err, ran)
+			}
+			assertClean("after refusing the type")
+		})
+		t.Run("unencodable result", func(t *testing.T) {
+			type reading struct{ Value float64 }
+			_, err := do(t, s, v, "k-err", "h", func(tx pgx.Tx) (reading, error) {
 				_, err := tx.Exec(ctx, "INSERT INTO charges (account_id, amount) VALUES (1, 1)")
-				return func() {}, err
+				return reading{Value: math.NaN()}, err
 			})
 			if err == nil || !strings.Contains(err.Error(), "encode result") {
 				t.Fatalf("err = %v, want an encoding error", err)
@@ -518,10 +531,22 @@ func TestScopes(t *testing.T) {
 }
 
 // Contract 10: a result of several MiB round-trips intact.
+// A result over Config.MaxResultBytes is refused and leaves nothing; a
+// larger limit stores and replays it.
 func TestLargeResult(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 		big := strings.Repeat("0123456789abcdef", 6<<20/16) + "end"
-		fn := func(pgx.Tx) (string, error) { return big, nil }
+		fn := func(tx pgx.Tx) (string, error) {
+			_, err := tx.Exec(context.Background(), "INSERT INTO charges (account_id, amount) VALUES (1, 1)")
+			return big, err
+		}
+		if _, err := do(t, s, v, "k-big", "h", fn); !errors.Is(err, idem.ErrResultTooLarge) || idem.Retryable(err) {
+			t.Fatalf("6 MiB result under the default limit: %v, want ErrResultTooLarge, not retryable", err)
+		}
+		if s.charges() != 0 || s.count("SELECT count(*) FROM idempotency_keys") != 0 {
+			t.Fatal("a result over the limit left a trace")
+		}
+		s.cfg = &idem.Config{MaxResultBytes: 8 << 20}
 		if _, err := do(t, s, v, "k-big", "h", fn); err != nil {
 			t.Fatal(err)
 		}

@@ -80,18 +80,32 @@ func TestWrapPaymentAndOrder(t *testing.T) {
 	if s.charges() != 2 {
 		t.Fatalf("%d charges, want 2 (one payment, one order)", s.charges())
 	}
-	scopes := s.count("SELECT count(DISTINCT scope) FROM idempotency_keys WHERE scope IN ('payments.charge', 'tenant-7/orders.create')")
+	// Keys are stored under each operation's scope: an unscoped charge and
+	// an order in tenant-7.
+	scopes := s.count("SELECT count(DISTINCT scope) FROM idempotency_keys WHERE scope IN ($1, $2)",
+		"\x1fpayments.charge\x1f", "\x1forders.create\x1ftenant-7")
 	if scopes != 2 {
 		t.Fatalf("keys are not scoped by operation (%d scopes)", scopes)
 	}
 }
 
-func TestWrapPanicsOnMisuse(t *testing.T) {
+// Wrap never panics on bad input: every call fails with the error.
+func TestWrapRefusesMisuse(t *testing.T) {
 	t.Parallel()
-	defer func() {
-		if recover() == nil {
-			t.Fatal("Wrap accepted an invalid table")
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		f    func(context.Context, string, chargeRequest) (charge, error)
+		want error
+	}{
+		"invalid table":           {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithTable("Bad Name")), idem.ErrInvalidTable},
+		"no operation":            {idem.Wrap(countingBeginner{t}, "", shop{}.Charge), idem.ErrInvalidOption},
+		"nil database":            {idem.Wrap[chargeRequest, charge](nil, "op", shop{}.Charge), idem.ErrInvalidOption},
+		"nil method":              {idem.Wrap[chargeRequest, charge](countingBeginner{t}, "op", nil), idem.ErrInvalidOption},
+		"option not for Wrap":     {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithBatchSize(10)), idem.ErrInvalidOption},
+		"shared replayed pointer": {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithReplayed(new(bool))), idem.ErrInvalidOption},
+	} {
+		if _, err := c.f(ctx, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
 		}
-	}()
-	idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithTable("Bad Name"))
+	}
 }

@@ -189,16 +189,15 @@ func TestHostileTableNames(t *testing.T) {
 			if err := schema.ApplyTable(ctx, pool, table); !errors.Is(err, idem.ErrInvalidTable) {
 				t.Fatalf("ApplyTable(%q) = %v, want ErrInvalidTable", table, err)
 			}
-			func() {
-				defer func() {
-					if r := recover(); r == nil {
-						t.Fatal("Wrap with an invalid table did not panic")
-					} else if err, ok := r.(error); !ok || !errors.Is(err, idem.ErrInvalidTable) {
-						t.Fatalf("Wrap panicked with %v, want ErrInvalidTable", r)
-					}
-				}()
-				idem.Wrap(pool, "op", func(context.Context, pgx.Tx, int) (int, error) { return 0, nil }, idem.WithTable(table))
-			}()
+			// Wrap never panics: every call of the wrapped method fails.
+			wrapped := idem.Wrap(pool, "op", func(context.Context, pgx.Tx, int) (int, error) { return 0, nil }, idem.WithTable(table))
+			if _, err := wrapped(ctx, "k", 1); !errors.Is(err, idem.ErrInvalidTable) {
+				t.Fatalf("Wrap(WithTable(%q)) call = %v, want ErrInvalidTable", table, err)
+			}
+			// In a Config, an empty table means the default.
+			if _, err := idem.NewClient(pool, &idem.Config{Table: table}); table != "" && !errors.Is(err, idem.ErrInvalidTable) {
+				t.Fatalf("NewClient(Table: %q) = %v, want ErrInvalidTable", table, err)
+			}
 			if n := sent.n.Load(); n != 0 {
 				t.Fatalf("%d statements reached the database", n)
 			}
@@ -242,12 +241,13 @@ func TestHostileScopeAndHash(t *testing.T) {
 		})
 	}
 	t.Run("wrap with an invalid operation", func(t *testing.T) {
-		defer func() {
-			if r, _ := recover().(error); !errors.Is(r, idem.ErrInvalidScope) {
-				t.Fatalf("Wrap panicked with %v, want ErrInvalidScope", r)
-			}
-		}()
-		idem.Wrap(pool, "charge\xff", func(context.Context, pgx.Tx, int) (int, error) { return 0, nil })
+		wrapped := idem.Wrap(pool, "charge\xff", func(context.Context, pgx.Tx, int) (int, error) { return 0, nil })
+		if _, err := wrapped(ctx, "k", 1); !errors.Is(err, idem.ErrInvalidOption) {
+			t.Fatalf("call of Wrap(\"charge\\xff\") = %v, want ErrInvalidOption", err)
+		}
+		if n := sent.n.Load(); n != 0 {
+			t.Fatalf("%d statements reached the database", n)
+		}
 	})
 	// A valid scope full of SQL is data: it isolates its keys like any other.
 	for i, scope := range []string{"tenant'; DROP TABLE y; --", "tenant\\", "租户/💳"} {
@@ -346,11 +346,15 @@ func TestHostileHugeAndDeepJSON(t *testing.T) {
 		runs := 0
 		big := string(doc)
 		fn := func(pgx.Tx) (string, error) { runs++; return big, nil }
-		first, err := idem.Do(ctx, s.pool, "huge", h1, fn)
+		keys, err := idem.NewClient(s.pool, &idem.Config{MaxResultBytes: 8 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := idem.Do(ctx, keys, "huge", h1, fn)
 		if err != nil || first != big {
 			t.Fatalf("first call: %d bytes, %v", len(first), err)
 		}
-		again, err := idem.Do(ctx, s.pool, "huge", h1, fn)
+		again, err := idem.Do(ctx, keys, "huge", h1, fn)
 		if err != nil || again != big || runs != 1 {
 			t.Fatalf("replay: %d bytes (equal: %v), %v, runs %d", len(again), again == big, err, runs)
 		}

@@ -29,6 +29,9 @@ INSERT INTO accounts VALUES (1, 1000000), (2, 1000000);
 type setup struct {
 	t    *testing.T
 	pool *pgxpool.Pool
+	// cfg, when set, is the Config of the Client that do and run wrap each
+	// variant's handle in.
+	cfg *idem.Config
 }
 
 func newSetup(t *testing.T, configure ...func(*pgxpool.Config)) *setup {
@@ -130,7 +133,33 @@ func do[T any](t *testing.T, s *setup, v variant, key, hash string, fn func(pgx.
 		err error
 	)
 	v.with(t, s.pool, func(db idem.Beginner) {
-		res, err = idem.Do(context.Background(), db, key, hash, fn, opts...)
+		res, err = idem.Do(context.Background(), s.client(db), key, hash, fn, opts...)
 	})
 	return res, err
+}
+
+// run calls idem.Run through variant v and returns what it returned.
+func run[T any](t *testing.T, s *setup, v variant, ctx context.Context, key, hash string, fn func(context.Context, pgx.Tx) (T, error), opts ...idem.Option) (T, idem.Outcome, error) {
+	t.Helper()
+	var (
+		res     T
+		outcome idem.Outcome
+		err     error
+	)
+	v.with(t, s.pool, func(db idem.Beginner) {
+		res, outcome, err = idem.Run(ctx, s.client(db), key, hash, fn, opts...)
+	})
+	return res, outcome, err
+}
+
+// client is db, or a Client on db with s.cfg when the test set one.
+func (s *setup) client(db idem.Beginner) idem.Beginner {
+	if s.cfg == nil {
+		return db
+	}
+	c, err := idem.NewClient(db, s.cfg)
+	if err != nil {
+		s.t.Fatalf("NewClient: %v", err)
+	}
+	return c
 }

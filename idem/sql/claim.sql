@@ -1,32 +1,45 @@
 -- claim: one statement that either claims the key for this transaction or
 -- returns what a retry must see.
---   $1 advisory lock id   $2 scope   $3 key   $4 request hash
---   $5 time to live in microseconds
+--   $1 scope   $2 key   $3 request hash   $4 time to live in microseconds
 -- Returns one row: locked (null when a live row made locking needless),
 -- claimed, and the live row's request_hash, status, response and refusal.
 --
--- A live (committed, unexpired) row is answered from the snapshot without
--- locking or writing anything, so a replay is a pure read. Otherwise the key
--- is claimed under pg_try_advisory_xact_lock: a concurrent holder makes the
--- lock fail at once, where a bare INSERT would wait on the holder's
--- uncommitted row until it ended. The unique primary key still decides who
--- owns the key; the lock only turns a wait into an immediate "in progress".
+-- A live row (committed, terminal, completed less than its TTL ago) is
+-- answered from the snapshot without locking or writing anything, so a
+-- replay is a pure read. Otherwise the key is claimed under
+-- pg_try_advisory_xact_lock: a concurrent holder makes the lock fail at once,
+-- where a bare INSERT would wait on the holder's uncommitted row until it
+-- ended. The unique primary key still decides who owns the key; the lock only
+-- turns a wait into an immediate "in progress".
+--
+-- The lock is (the table's oid, a 32-bit hash of scope and key): the oid
+-- makes every spelling of one table ("idempotency_keys",
+-- "public.idempotency_keys") take the same lock, and lets an operator count
+-- the keys in progress in pg_locks (classid = the table's oid, objsubid = 2).
+-- Keys in different scopes that share a hash only make one of them answer
+-- "in progress" early; they can never both commit.
+--
+-- expires_at is created_at + TTL and is never updated (it is indexed, and
+-- the completing update must stay HOT); a completed key lives until
+-- completed_at + TTL, which is completed_at + (expires_at - created_at).
 WITH cur AS (
     SELECT request_hash, status, response, refusal,
-           expires_at > now() AND status <> 'in_progress' AS live
+           status <> 'in_progress'
+           AND completed_at + (expires_at - created_at) > now() AS live
     FROM idempotency_keys
-    WHERE scope = $2 AND idempotency_key = $3
+    WHERE scope = $1 AND idempotency_key = $2
 ),
 lk AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM cur WHERE live) THEN NULL
-                ELSE pg_try_advisory_xact_lock($1::bigint) END AS locked
+                ELSE pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
+                                               hashtext($1 || E'\x1f' || $2)) END AS locked
 ),
 ins AS (
     INSERT INTO idempotency_keys AS k
         (scope, idempotency_key, request_hash, status, response, refusal,
          created_at, completed_at, expires_at)
-    SELECT $2, $3, $4, 'in_progress', NULL, NULL,
-           now(), NULL, now() + $5::bigint * interval '1 microsecond'
+    SELECT $1, $2, $3, 'in_progress', NULL, NULL,
+           now(), NULL, now() + $4::bigint * interval '1 microsecond'
     FROM lk WHERE lk.locked
     -- An expired row, or an 'in_progress' row that was committed by misuse,
     -- is replaced in place: the key is absent for every purpose.
@@ -38,7 +51,8 @@ ins AS (
             created_at   = excluded.created_at,
             completed_at = NULL,
             expires_at   = excluded.expires_at
-        WHERE k.expires_at <= now() OR k.status = 'in_progress'
+        WHERE k.status = 'in_progress'
+           OR k.completed_at + (k.expires_at - k.created_at) <= now()
     RETURNING 1
 )
 SELECT (SELECT locked FROM lk),

@@ -4,4 +4,5 @@
 SELECT request_hash, status, response, refusal
 FROM idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2
-  AND expires_at > now() AND status <> 'in_progress'
+  AND status <> 'in_progress'
+  AND completed_at + (expires_at - created_at) > now()

@@ -1,0 +1,87 @@
+package idem
+
+import (
+	"context"
+)
+
+// call is one validated call, free of the result type.
+type call struct {
+	s        *settings
+	stmts    *statements
+	scope    string
+	key      string
+	reqHash  string
+	ttlMicro int64
+	begin    string
+	nested   bool // db is an outer pgx.Tx: the commit is not ours
+
+	// What every attempt sends and scans lives here, allocated once with the
+	// call: the arguments boxed once (scope and key go out three times), the
+	// two pipelines with room for their statements, and the claim's targets.
+	scopeArg, keyArg any
+	claimArgv        [4]any
+	scan             claimTargets
+}
+
+func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if db == nil {
+		return nil, inputError(ErrInvalidOption, "no database")
+	}
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	if err := validateRequestHash(reqHash); err != nil {
+		return nil, err
+	}
+	c := &call{
+		s:        s,
+		stmts:    s.stmts,
+		scope:    scope,
+		key:      key,
+		reqHash:  reqHash,
+		ttlMicro: s.ttl.Microseconds(),
+		begin:    beginSQL(s),
+		scopeArg: scope,
+		keyArg:   key,
+	}
+	c.claimArgv = [4]any{c.scopeArg, c.keyArg, reqHash, c.ttlMicro}
+	return c, nil
+}
+
+func (c *call) claimArgs() []any { return c.claimArgv[:] }
+
+// callScope is the scope a call stores its key under: the context's, or
+// the deprecated per-call WithScope, encoded with Wrap's operation if any. A
+// context scope and a different WithScope are an error rather than a guess:
+// one of them is another principal's.
+func callScope(ctx context.Context, s *settings) (string, error) {
+	scope, inCtx := ScopeFromContext(ctx)
+	switch {
+	case inCtx && s.scopeSet && scope != s.scope:
+		return "", inputError(ErrInvalidScope, "the context carries one scope and WithScope gives another")
+	case !inCtx:
+		scope = s.scope
+	}
+	if err := ValidateScope(scope); err != nil {
+		return "", err
+	}
+	if s.operation != "" {
+		return wrapScope(s.operation, scope)
+	}
+	return scope, nil
+}
+
+func beginSQL(s *settings) string {
+	o := s.txOpts
+	b := "begin"
+	if o.IsoLevel != "" {
+		b += " isolation level " + string(o.IsoLevel)
+	}
+	if o.DeferrableMode != "" {
+		b += " " + string(o.DeferrableMode)
+	}
+	return b
+}

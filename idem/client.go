@@ -1,0 +1,189 @@
+package idem
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTTL is how long a completed key is replayed when Config.TTL is not
+// set: 24 hours, as Stripe keeps keys.
+const DefaultTTL = 24 * time.Hour
+
+// DefaultTable is the key table when Config.Table is not set.
+const DefaultTable = "idempotency_keys"
+
+// DefaultMaxResultBytes bounds the stored result when Config.MaxResultBytes
+// is not set: 4 MiB. A result this large is almost always a mistake (a list
+// that should have been paged); storing it would copy it into every replay
+// and into the table for the key's whole lifetime.
+const DefaultMaxResultBytes = 4 << 20
+
+// DefaultSweepBatchSize is how many expired keys one sweep statement deletes
+// when Config.SweepBatchSize is not set.
+const DefaultSweepBatchSize = 1000
+
+// Config is a deployment's idem settings: what every call shares. The zero
+// value means the defaults, which each field states. NewClient checks it
+// once, at start-up.
+type Config struct {
+	// Table is the key table, optionally schema-qualified
+	// ("billing.idempotency_keys"): a plain lower-case identifier, created by
+	// schema.ApplyTable. Defaults to DefaultTable.
+	Table string
+
+	// TTL is how long a completed key is replayed, counted from the moment
+	// it completed (not from the claim): a retry within TTL of the first
+	// answer gets that answer, whatever the work took. Afterwards the key
+	// counts as absent and a call runs fn again. Defaults to DefaultTTL
+	// (24h); must not be negative.
+	TTL time.Duration
+
+	// Sealer, if set, seals what is stored under a key (the result, the
+	// refusal, the status and the request hash) and opens it for a replay:
+	// use it to encrypt results at rest and to detect tampering. Defaults to
+	// none: results are stored as encoded.
+	Sealer Sealer
+
+	// Observer, if set, is told about every call: see Observer. A call's
+	// WithObserver replaces it. Defaults to none, which costs nothing.
+	Observer Observer
+
+	// Logger receives what no caller would otherwise see: failed sweeps of
+	// Client.SweepEvery. Defaults to none (discarded): pass one in
+	// production, or an OnError to SweepEvery.
+	Logger *slog.Logger
+
+	// MaxResultBytes bounds the encoded result stored under a key. A larger
+	// result fails the call with ErrResultTooLarge: nothing is stored and
+	// fn's writes roll back. Defaults to DefaultMaxResultBytes (4 MiB); must
+	// not be negative.
+	MaxResultBytes int
+
+	// SweepBatchSize is how many expired keys one statement of Sweep
+	// deletes. Defaults to DefaultSweepBatchSize (1000); must not be
+	// negative.
+	SweepBatchSize int
+}
+
+// A Client is a database and the Config of a deployment, checked once. It
+// is a Beginner: pass it to Do, Run, Wrap and idemhttp wherever a database
+// is expected, and they use its settings. It is safe for concurrent use and
+// cheap to copy with On.
+//
+//	keys, err := idem.NewClient(pool, &idem.Config{TTL: 48 * time.Hour, Logger: log})
+//	...
+//	payment, err := idem.Do(ctx, keys, key, hash, charge)
+type Client struct {
+	db   Beginner
+	base settings
+}
+
+// NewClient returns a Client for db with cfg (nil means the defaults). It
+// checks cfg without touching the database; an invalid setting is an error
+// wrapping ErrInvalidOption or ErrInvalidTable. db may itself be a Client, in
+// which case its database is used with cfg.
+func NewClient(db Beginner, cfg *Config) (*Client, error) {
+	if db == nil {
+		return nil, inputError(ErrInvalidOption, "NewClient: nil database")
+	}
+	if c, ok := db.(*Client); ok {
+		db = c.db
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	s := defaultSettings()
+	switch {
+	case cfg.TTL < 0:
+		return nil, inputError(ErrInvalidOption, "Config.TTL %v: must not be negative", cfg.TTL)
+	case cfg.MaxResultBytes < 0:
+		return nil, inputError(ErrInvalidOption, "Config.MaxResultBytes %d: must not be negative", cfg.MaxResultBytes)
+	case cfg.SweepBatchSize < 0:
+		return nil, inputError(ErrInvalidOption, "Config.SweepBatchSize %d: must not be negative", cfg.SweepBatchSize)
+	}
+	if cfg.Table != "" {
+		s.table = cfg.Table
+	}
+	stmts, err := statementsFor(s.table)
+	if err != nil {
+		return nil, err
+	}
+	s.stmts = stmts
+	if cfg.TTL > 0 {
+		s.ttl = cfg.TTL
+	}
+	if cfg.MaxResultBytes > 0 {
+		s.maxResult = cfg.MaxResultBytes
+	}
+	if cfg.SweepBatchSize > 0 {
+		s.batch = cfg.SweepBatchSize
+	}
+	s.sealer, s.observer, s.logger = cfg.Sealer, cfg.Observer, cfg.Logger
+	return &Client{db: db, base: s}, nil
+}
+
+func defaultSettings() settings {
+	stmts, _ := statementsFor(DefaultTable) // the default name always parses
+	return settings{
+		table:     DefaultTable,
+		stmts:     stmts,
+		ttl:       DefaultTTL,
+		maxResult: DefaultMaxResultBytes,
+		batch:     DefaultSweepBatchSize,
+	}
+}
+
+// Begin begins a plain transaction on the Client's database, without any
+// key: it makes a Client a Beginner.
+func (c *Client) Begin(ctx context.Context) (pgx.Tx, error) { return c.db.Begin(ctx) }
+
+// BeginTx begins a plain transaction with opts on the Client's database,
+// which must support options (pools and connections do; an outer pgx.Tx
+// does not, and zero opts are then the only ones accepted).
+func (c *Client) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	if tb, ok := c.db.(txBeginner); ok {
+		return tb.BeginTx(ctx, opts)
+	}
+	if opts != (pgx.TxOptions{}) {
+		return nil, inputError(ErrInvalidOption, "BeginTx: the database %T takes no transaction options", c.db)
+	}
+	return c.db.Begin(ctx)
+}
+
+// On returns a Client with the same settings on db: an outer pgx.Tx, say,
+// so that Do runs in a savepoint of it and the key commits with it.
+func (c *Client) On(db Beginner) *Client {
+	if inner, ok := db.(*Client); ok {
+		db = inner.db
+	}
+	return &Client{db: db, base: c.base}
+}
+
+// Table returns the key table the Client uses.
+func (c *Client) Table() string { return c.base.table }
+
+// TTL returns how long the Client replays a completed key.
+func (c *Client) TTL() time.Duration { return c.base.ttl }
+
+// ObserverOf returns the Observer that a call of Do or Run on db with opts
+// reports to: the last WithObserver among opts, else db's Config.Observer
+// if db is a Client, else nil. Integrations that answer some requests
+// themselves, before any call (a malformed header, an oversized body), use
+// it to report those as OutcomeInvalid to the same Observer.
+func ObserverOf(db Beginner, opts ...Option) Observer {
+	_, base := resolve(db)
+	s := base.with(opts, useRun)
+	return s.observer
+}
+
+// resolve splits db into the database to run on and the settings to start
+// from: a Client's, or the defaults.
+func resolve(db Beginner) (Beginner, settings) {
+	if c, ok := db.(*Client); ok && c != nil {
+		return c.db, c.base
+	}
+	return db, defaultSettings()
+}

@@ -1,0 +1,107 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+)
+
+type scopeCtxKey struct{}
+
+// ContextWithScope returns a context that carries scope: Do, Run, Wrap and
+// idemhttp store and look up keys of calls made with it in that namespace.
+// The same key in two scopes is two unrelated keys, so one principal can
+// never replay another's stored result: put the authenticated principal or
+// tenant here, once, in the middleware that authenticates the request.
+//
+// The scope is checked when a call uses it (see ValidateScope), never here:
+// an invalid scope makes that call fail with ErrInvalidScope.
+func ContextWithScope(ctx context.Context, scope string) context.Context {
+	return context.WithValue(ctx, scopeCtxKey{}, scope)
+}
+
+// ScopeFromContext returns the scope ContextWithScope put in ctx, and
+// whether there was one.
+func ScopeFromContext(ctx context.Context) (string, bool) {
+	s, ok := ctx.Value(scopeCtxKey{}).(string)
+	return s, ok
+}
+
+// A CallKey names the key of a call: the scope it is stored under and the
+// key itself. Inside the work of a call, KeyFromContext returns it.
+type CallKey struct {
+	// Scope is the namespace the key is stored under. For Wrap it encodes
+	// the operation and the caller's scope (see Wrap).
+	Scope string
+	// Key is the idempotency key the client sent.
+	Key string
+}
+
+type keyCtxKey struct{}
+
+// contextWithKey returns a context that carries k, for the work of a call.
+func contextWithKey(ctx context.Context, k CallKey) context.Context {
+	return context.WithValue(ctx, keyCtxKey{}, k)
+}
+
+// KeyFromContext returns the key of the call whose work runs with ctx, and
+// whether there is one: inside fn of Run, a method run by Wrap, or a handler
+// run by idemhttp. Do's fn takes no context; it has the key at hand.
+func KeyFromContext(ctx context.Context) (CallKey, bool) {
+	k, ok := ctx.Value(keyCtxKey{}).(CallKey)
+	return k, ok
+}
+
+// ErrNoKey is returned by DeriveKey outside the work of a call: there is no
+// key to derive from.
+var ErrNoKey = errors.New("idem: no idempotency key in the context (DeriveKey runs inside the work of Run, Wrap or idemhttp)")
+
+// Derive returns the idempotency key to send to a downstream service (a
+// payment processor, a bank) for the given purpose ("charge", "settle"):
+// the same call key and purpose always give the same derived key, so every
+// retry of the request, and every rerun of its work after a rollback, sends
+// the same key downstream, and the downstream service charges once.
+// Different scopes, keys or purposes give unrelated keys.
+//
+// The result is a UUID string (RFC 9562 version 8, built from SHA-256 of a
+// versioned, length-prefixed encoding of scope, key and purpose): 36
+// characters that any service accepting UUID keys accepts. Its derivation
+// is part of the contract and will not change, since a change would make a
+// retry after an upgrade send a new key downstream.
+func (k CallKey) Derive(purpose string) string {
+	h := sha256.New()
+	h.Write([]byte("idem/derive/v1"))
+	for _, part := range [...]string{k.Scope, k.Key, purpose} {
+		var n [binary.MaxVarintLen64]byte
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
+		h.Write([]byte(part))
+	}
+	var sum [sha256.Size]byte
+	u := h.Sum(sum[:0])[:16]
+	u[6] = u[6]&0x0f | 0x80 // version 8: custom
+	u[8] = u[8]&0x3f | 0x80 // variant: RFC 9562
+	var out [36]byte
+	hex.Encode(out[0:8], u[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], u[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], u[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], u[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:], u[10:16])
+	return string(out[:])
+}
+
+// DeriveKey returns KeyFromContext(ctx).Derive(purpose): the downstream key
+// for purpose of the call whose work runs with ctx. Outside such work it
+// returns ErrNoKey.
+func DeriveKey(ctx context.Context, purpose string) (string, error) {
+	k, ok := KeyFromContext(ctx)
+	if !ok {
+		return "", ErrNoKey
+	}
+	return k.Derive(purpose), nil
+}

@@ -1,0 +1,217 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A Beginner begins transactions. *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn,
+// pgx.Tx and *Client all satisfy it; given a pgx.Tx, Do runs in a savepoint
+// of that outer transaction and the key commits when the outer transaction
+// does.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Do runs fn at most once per key and returns its result to every call with
+// that key, for as long as the key lives (Config.TTL after it completed).
+//
+// Do opens one transaction on db, claims key in it as 'in_progress', runs fn
+// in the same transaction, stores fn's result and commits. The key, fn's
+// writes and the stored result commit together or not at all. A later call
+// with the same key and request hash returns the stored result without
+// running fn (Run also says which happened).
+//
+// db is usually a *Client (from NewClient, carrying the deployment's
+// Config) or a *pgxpool.Pool (the defaults). The key lives in the scope that
+// ctx carries (ContextWithScope), or in the empty scope.
+//
+// reqHash fingerprints the request (see HashJSON and HashBytes): the same
+// key with another hash returns ErrMismatch and fn does not run.
+//
+// Outcomes:
+//   - fn returns nil: the result is stored and returned.
+//   - fn returns an error wrapping a *Refusal: fn's writes roll back, the key
+//     commits with the refusal and fn's value, and Do returns the value and
+//     fn's error. Replays return the value and an equal *Refusal.
+//   - fn returns any other error, or panics, or ctx ends, or the result cannot
+//     be stored, or COMMIT fails: everything rolls back, no trace of the key
+//     remains, and the same key may be retried. fn's error is returned as it
+//     is; a panic is re-raised after the rollback.
+//   - The connection fails while COMMIT is under way: the error wraps
+//     ErrOutcomeUnknown. Retry with the same key to learn the outcome.
+//   - Another transaction holds the key: ErrInProgress at once, without
+//     waiting for it (unless WithWait).
+//   - Invalid key, scope, hash or option: an error wrapping ErrInvalidKey,
+//     ErrInvalidScope, ErrInvalidRequestHash, ErrInvalidTable or
+//     ErrInvalidOption, before any database work.
+//
+// The result is what every replay returns, exactly: Do stores it (as JSON,
+// or with the type's MarshalBinary) and returns the stored form, so the first
+// call and every replay return values that reflect.DeepEqual reports equal. A
+// result type that JSON cannot carry exactly (an interface, an unexported
+// or `json:"-"` field, a func or a channel) is refused before fn runs, with an
+// error wrapping ErrInvalidOption that names the field: give it a
+// MarshalBinary/UnmarshalBinary pair, or MarshalJSON/UnmarshalJSON, or use a
+// plain struct.
+//
+// fn receives the transaction and must do all its database work through it.
+// It must not commit or roll it back (both return ErrTxOwned) nor keep it
+// after returning. fn may run again after a failed attempt, so effects
+// outside the database (a call to a payment gateway) need their own
+// idempotency key: CallKey.Derive gives one.
+//
+// ctx governs every database call Do makes; fn should observe it too. When
+// ctx ends, the transaction rolls back; a rollback is sent with ctx's values
+// but without its cancellation, so the connection is left clean.
+//
+// With a pool or a connection, a first execution costs no round trip beyond
+// those of a bare transaction doing fn's work: the claim travels with BEGIN,
+// and the stored result with COMMIT. A replay is one round trip that takes no
+// lock and writes nothing.
+func Do[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(pgx.Tx) (T, error), opts ...Option) (T, error) {
+	if fn == nil {
+		var zero T
+		return zero, inputError(ErrInvalidOption, "Do needs a function")
+	}
+	v, _, err := run(ctx, db, key, reqHash, plainFn[T](fn), opts, useDo)
+	return v, err
+}
+
+// plainFn adapts Do's fn, which takes no context.
+type plainFn[T any] func(pgx.Tx) (T, error)
+
+func (f plainFn[T]) call(_ context.Context, _ *call, tx pgx.Tx) (T, error) { return f(tx) }
+
+// ctxFn is Run's fn, which takes the call's context.
+type ctxFn[T any] func(context.Context, pgx.Tx) (T, error)
+
+func (f ctxFn[T]) call(ctx context.Context, c *call, tx pgx.Tx) (T, error) {
+	return f(contextWithKey(ctx, CallKey{Scope: c.scope, Key: c.key}), tx)
+}
+
+// work is fn, whichever shape it was given in.
+type work[T any] interface {
+	call(ctx context.Context, c *call, tx pgx.Tx) (T, error)
+}
+
+// Run is Do that reports how the call ended, as singleflight's Do reports
+// whether its result was shared, and gives fn the call's context.
+//
+// The Outcome is OutcomeExecuted or OutcomeRefused when fn ran and its
+// result committed now, OutcomeReplayed when the result (or refusal) came
+// from the stored row; for failures it names the failure, as the returned
+// error does.
+//
+// fn's context is ctx with the call's key (KeyFromContext, so fn can derive
+// downstream keys) and whatever the Observer's CallStart added. Everything
+// else is as for Do.
+func Run[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (T, Outcome, error) {
+	if fn == nil {
+		var zero T
+		return zero, OutcomeInvalid, inputError(ErrInvalidOption, "Run needs a function")
+	}
+	return run(ctx, db, key, reqHash, ctxFn[T](fn), opts, useRun)
+}
+
+// run is Do, Run and Wrap's shared body: resolve the settings, observe, and
+// make attempts until one settles (more than one only with WithWait).
+func run[T any, W work[T]](ctx context.Context, db Beginner, key, reqHash string, fn W, opts []Option, u use) (T, Outcome, error) {
+	db, base := resolve(db)
+	s := base.with(opts, u)
+	return runSettled[T](ctx, db, &s, key, reqHash, fn)
+}
+
+func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings, key, reqHash string, fn W) (T, Outcome, error) {
+	var (
+		zero  T
+		start time.Time
+		end   CallEnd
+	)
+	if s.replayed != nil {
+		*s.replayed = false
+	}
+	obs := s.observer
+	scope, scopeErr := callScope(ctx, s)
+	if obs != nil {
+		start = time.Now()
+		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
+	}
+	var (
+		v       T
+		outcome = OutcomeInvalid
+		err     = scopeErr
+	)
+	if err == nil {
+		v, outcome, err = settle[T](ctx, db, s, scope, key, reqHash, fn, &end.Waited)
+	}
+	if s.replayed != nil && outcome == OutcomeReplayed {
+		*s.replayed = true
+	}
+	if obs != nil {
+		end.Table, end.Scope, end.Outcome, end.Err = s.table, scope, outcome, err
+		end.Duration = time.Since(start)
+		end.Refused = isRefusal(err)
+		obs.CallEnd(ctx, end)
+	}
+	if err != nil && outcome != OutcomeRefused && outcome != OutcomeReplayed {
+		return zero, outcome, err
+	}
+	return v, outcome, err
+}
+
+// settle validates the call and attempts it, waiting between attempts while
+// the key is in progress if WithWait allows.
+func settle[T any, W work[T]](ctx context.Context, db Beginner, s *settings, scope, key, reqHash string, fn W, waited *bool) (T, Outcome, error) {
+	var zero T
+	c, err := newCall(s, scope, key, reqHash, db)
+	if err != nil {
+		return zero, OutcomeInvalid, err
+	}
+	if err := checkStorable[T](); err != nil {
+		return zero, OutcomeInvalid, err
+	}
+	if err := ctx.Err(); err != nil {
+		return zero, OutcomeFailed, err
+	}
+	var deadline time.Time
+	if s.wait > 0 {
+		deadline = time.Now().Add(s.wait)
+	}
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, 250*time.Millisecond) {
+		v, outcome, err := attempt[T](ctx, db, c, fn)
+		if outcome != OutcomeInProgress || s.wait == 0 {
+			return v, outcome, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return v, outcome, err
+		}
+		*waited = true
+		// Jitter keeps waiters on one key from polling in lockstep.
+		sleep := min(left, backoff/2+rand.N(backoff/2+1))
+		if err := sleepCtx(ctx, sleep); err != nil {
+			return zero, OutcomeFailed, err
+		}
+	}
+}
+
+func isRefusal(err error) bool {
+	var r *Refusal
+	return err != nil && errors.As(err, &r) && r != nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

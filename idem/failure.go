@@ -1,0 +1,73 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/internal/dbtx"
+)
+
+// execAll reads n results and reports the first failure and its index,
+// including a COMMIT that the server turned into a rollback.
+func execAll(br pgx.BatchResults, n int) (int, error) {
+	failed, first := -1, error(nil)
+	for i := 0; i < n; i++ {
+		tag, err := br.Exec()
+		if err != nil && first == nil {
+			failed, first = i, err
+		}
+		if err == nil && i == n-1 && tag.String() == "ROLLBACK" && first == nil {
+			failed, first = i, pgx.ErrTxCommitRollback
+		}
+	}
+	if err := br.Close(); err != nil && first == nil {
+		failed, first = n, err
+	}
+	return failed, first
+}
+
+// commitError classifies a failure of the round trip that carries COMMIT.
+// A server error or a request that never left means nothing committed; any
+// other failure after sending leaves the outcome unknown.
+func commitError(err error, ownsCommit bool) error {
+	if ownsCommit && dbtx.CommitOutcomeUnknown(err) {
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	return fmt.Errorf("idem: commit: %w", err)
+}
+
+// isKeyLost reports whether the completing statement found no claimed row:
+// its deliberate division by zero.
+func isKeyLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.DivisionByZero
+}
+
+func keyLostError(err error) error {
+	return fmt.Errorf("%w (nothing committed): %w", ErrKeyLost, err)
+}
+
+// claimError says what a failed claim means and, where the schema is at
+// fault, what to do.
+func claimError(c *call, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case pgerrcode.UndefinedTable:
+			return fmt.Errorf("idem: the key table %s does not exist: create it with schema.ApplyTable (or psql -f schema/001_idempotency_keys.sql) before the first call: %w", c.s.table, err)
+		case pgerrcode.UndefinedColumn, pgerrcode.UndefinedFunction, pgerrcode.DatatypeMismatch:
+			return fmt.Errorf("idem: the key table %s does not have the expected columns: apply the schema again with schema.ApplyTable (safe to repeat): %w", c.s.table, err)
+		}
+	}
+	return fmt.Errorf("idem: claim key: %w", err)
+}
+
+// cleanupContext is ctx for a rollback: its values, not its cancellation.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return dbtx.CleanupContext(ctx)
+}

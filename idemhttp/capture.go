@@ -1,0 +1,93 @@
+package idemhttp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+)
+
+// capture is the http.ResponseWriter handed to the handler. It holds the
+// whole response until the transaction has ended, so the client never sees a
+// success that did not commit.
+//
+// It implements neither http.Flusher nor http.Hijacker, and has no Unwrap:
+// http.ResponseController reports flushing and hijacking as unsupported.
+type capture struct {
+	header   http.Header
+	sent     http.Header // header as it was at WriteHeader, as net/http sends it
+	status   int
+	body     bytes.Buffer
+	limit    int64
+	overflow bool // the handler wrote more than limit bytes
+}
+
+func newCapture(limit int64) *capture { return &capture{header: make(http.Header), limit: limit} }
+
+// Header returns the header map the handler fills.
+func (c *capture) Header() http.Header { return c.header }
+
+// WriteHeader records the status of the first call with a final status.
+// Informational (1xx) statuses are dropped: nothing reaches the client
+// before the transaction ends.
+func (c *capture) WriteHeader(status int) {
+	if status < 100 || status > 999 {
+		// The same contract as net/http's own writers.
+		panic(fmt.Sprintf("invalid WriteHeader code %v", status))
+	}
+	if c.status != 0 || status < 200 {
+		return
+	}
+	c.status = status
+	c.sent = c.header.Clone()
+}
+
+// errResponseTooLarge is what Write returns, and the call fails with, once
+// the handler has written more than the limit: the response is neither held
+// nor stored.
+var errResponseTooLarge = errors.New("idemhttp: the response exceeds MaxResponseBytes")
+
+// Write appends to the buffered body, up to the limit.
+func (c *capture) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.overflow || int64(c.body.Len())+int64(len(p)) > c.limit {
+		c.overflow = true
+		c.body = bytes.Buffer{} // hold no more than the limit, for no one
+		return 0, errResponseTooLarge
+	}
+	return c.body.Write(p)
+}
+
+// finish settles what net/http would have settled on the first write: the
+// status defaults to 200, and a body without Content-Type gets a sniffed
+// one, so the first response and its replays carry the same type.
+// Changes to the header map after WriteHeader are dropped, as net/http drops
+// them.
+func (c *capture) finish() {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	c.header = c.sent
+	if _, set := c.header["Content-Type"]; !set && c.body.Len() > 0 && c.header.Get("Content-Encoding") == "" {
+		c.header.Set("Content-Type", http.DetectContentType(c.body.Bytes()))
+	}
+}
+
+// full is the captured response as the handler wrote it.
+func (c *capture) full() response {
+	return response{status: c.status, header: c.header, body: c.body.Bytes()}
+}
+
+// stored is the captured response reduced to the headers that are replayed.
+func (c *capture) stored(names []string) response {
+	h := make(http.Header)
+	for _, name := range names {
+		if v, ok := c.header[name]; ok && len(v) > 0 {
+			h[name] = slices.Clone(v)
+		}
+	}
+	return response{status: c.status, header: h, body: c.body.Bytes()}
+}
