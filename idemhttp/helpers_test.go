@@ -197,6 +197,7 @@ type exampleTB struct {
 }
 
 func (*exampleTB) Helper()            {}
+func (*exampleTB) Failed() bool       { return false }
 func (e *exampleTB) Cleanup(f func()) { e.cleanups = append(e.cleanups, f) }
 func (*exampleTB) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))

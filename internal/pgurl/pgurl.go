@@ -3,7 +3,11 @@
 // demo.
 package pgurl
 
-import "net/url"
+import (
+	"net/url"
+	"regexp"
+	"strings"
+)
 
 // WithDatabase returns the connection string u pointed at database db. u may
 // be a URL (postgres:// or postgresql://) or a keyword/value string.
@@ -24,4 +28,27 @@ func Redact(u string) string {
 		return "a connection string"
 	}
 	return p.Host + p.Path
+}
+
+// kvPassword matches the password of a keyword/value connection string, its
+// value plain or single-quoted.
+var kvPassword = regexp.MustCompile(`\s*\bpassword\s*=\s*(?:'(?:\\.|[^'\\])*'|\S*)`)
+
+// WithoutPassword returns u, a URL or a keyword/value string, with its
+// password removed: a connection string that is safe to log and still works
+// with psql, which then takes the password from PGPASSWORD or ~/.pgpass, or
+// asks for it.
+func WithoutPassword(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
+		return strings.TrimSpace(kvPassword.ReplaceAllString(u, ""))
+	}
+	if p.User != nil {
+		p.User = url.User(p.User.Username())
+	}
+	if q := p.Query(); q.Has("password") {
+		q.Del("password")
+		p.RawQuery = q.Encode()
+	}
+	return p.String()
 }

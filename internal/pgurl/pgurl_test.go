@@ -25,3 +25,19 @@ func TestRedact(t *testing.T) {
 		t.Fatalf("Redact = %q", got)
 	}
 }
+
+func TestWithoutPassword(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ in, want string }{
+		{"postgres://postgres@127.0.0.1:5432/db?sslmode=disable", "postgres://postgres@127.0.0.1:5432/db?sslmode=disable"},
+		{"postgres://u:secret@h:5432/db?sslmode=disable", "postgres://u@h:5432/db?sslmode=disable"},
+		{"postgresql://u@h/db?password=secret&sslmode=disable", "postgresql://u@h/db?sslmode=disable"},
+		{"host=h password=secret dbname=db", "host=h dbname=db"},
+		{"password='se cr\\'et' host=h sslpassword=keep", "host=h sslpassword=keep"},
+	}
+	for _, c := range cases {
+		if got := WithoutPassword(c.in); got != c.want {
+			t.Errorf("WithoutPassword(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}

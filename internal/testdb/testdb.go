@@ -16,6 +16,18 @@
 // replaced. Set both to run the tests through a pooler such as PgBouncer in
 // transaction mode, which cannot carry the harness's session advisory lock
 // and whose idle server connections would block ALTER DATABASE.
+//
+// A failed test's database is kept, and its URL logged, so that its rows can
+// be inspected; URL states what happens at the end of a test, and Main does
+// the same for the database it gives a package in DATABASE_URL.
+//
+// This package is kept rather than replaced by github.com/peterldowns/pgtestdb
+// (v0.1.1 evaluated), whose ideas it borrows: a template per schema hash, and
+// a failed test's database kept with its URL logged. pgtestdb works through
+// database/sql with a driver name and host/port fields, creates a role of its
+// own and needs a testing.TB, and it neither finds a server nor takes an admin
+// URL for poolers, so the code around it would be about as large as this
+// package.
 package testdb
 
 import (
@@ -33,6 +45,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/testcontainers/testcontainers-go"
@@ -50,6 +63,7 @@ var (
 	once      sync.Once
 	serverURL string // the maintenance database on the resolved server
 	adminURL  string // where databases are created: IDEM_TEST_ADMIN_URL or serverURL
+	pooled    bool   // IDEM_TEST_ADMIN_URL is set: tests connect through a pooler
 	template  string
 	resolved  error
 	container testcontainers.Container
@@ -61,6 +75,9 @@ func resolve() error {
 		resolved = doResolve()
 		if resolved == nil {
 			resolved = makeTemplate()
+		}
+		if resolved == nil {
+			sweep(time.Now())
 		}
 	})
 	return resolved
@@ -78,6 +95,7 @@ func doResolve() error {
 			return fmt.Errorf("IDEM_TEST_ADMIN_URL is set but its server does not answer: %w", err)
 		}
 		adminURL = u
+		pooled = true
 	}
 	return nil
 }
@@ -203,68 +221,77 @@ func makeTemplate() error {
 	return nil
 }
 
-// URL returns the URL of a new, empty-but-migrated database that is dropped
-// when t ends.
+// URL returns the URL of a new, empty-but-migrated database for t.
+//
+// When t ends, the database is dropped if t passed. Sessions still connected
+// to it then (PostgreSQL waits up to 5 seconds for closing ones to end) are
+// leaked connections: URL reports them as an error of t, with their
+// application_name and state, and ends them. Behind a pooler
+// (IDEM_TEST_ADMIN_URL), whose idle server sessions are expected, they are
+// ended without a report.
+//
+// If t failed, the database is kept for inspection, and t logs its URL
+// (without password) and a psql command that opens it. A test process that
+// starts more than 24 hours later drops it; a testcontainers server takes its
+// databases with it at the end of the run.
 func URL(t testing.TB) string {
 	t.Helper()
-	u, drop, err := create()
+	name, u, err := create()
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := drop(); err != nil {
-			t.Errorf("testdb: %v", err)
-		}
-	})
+	t.Cleanup(func() { t.Helper(); finish(t, name, u) })
 	return u
 }
 
 // Open returns a pool on a new database and a function that closes the pool
-// and drops the database: for runnable examples and programs, which have no
-// testing.TB.
+// and drops the database, reporting leaked connections on standard error:
+// for programs, which have no testing.TB. Runnable examples need not call it:
+// Main gives them a database in DATABASE_URL.
 func Open() (*pgxpool.Pool, func(), error) {
-	u, drop, err := create()
+	name, u, err := create()
 	if err != nil {
 		return nil, nil, err
+	}
+	done := func() {
+		if err := drop(name); err != nil {
+			fmt.Fprintln(os.Stderr, "testdb:", err)
+		}
 	}
 	pool, err := pgxpool.New(context.Background(), u)
 	if err != nil {
-		_ = drop()
+		done()
 		return nil, nil, err
 	}
-	return pool, func() { pool.Close(); _ = drop() }, nil
+	return pool, func() { pool.Close(); done() }, nil
 }
 
-// create clones the template into a new database.
-func create() (string, func() error, error) {
+// create clones the template into a new database and returns its name and
+// URL.
+func create() (name, u string, err error) {
 	if err := resolve(); err != nil {
-		return "", nil, err
+		return "", "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := fmt.Sprintf("idem_test_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e6, counter.Add(1))
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", nil, fmt.Errorf("connect: %w", err)
+		return "", "", fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "create database "+name+" template "+template); err != nil {
-		return "", nil, fmt.Errorf("create database: %w", err)
-	}
-	drop := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, adminURL)
-		if err != nil {
-			return fmt.Errorf("drop %s: %w", name, err)
+	for range 10 {
+		name = newName(time.Now())
+		_, err = admin.Exec(ctx, "create database "+name+" template "+template)
+		// A process on another host sharing the server may have the same pid
+		// and count in the same second.
+		if !hasCode(err, pgerrcode.DuplicateDatabase) {
+			break
 		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "drop database if exists "+name+" with (force)"); err != nil {
-			return fmt.Errorf("drop %s: %w", name, err)
-		}
-		return nil
 	}
-	return pgurl.WithDatabase(serverURL, name), drop, nil
+	if err != nil {
+		return "", "", fmt.Errorf("create database: %w", err)
+	}
+	return name, pgurl.WithDatabase(serverURL, name), nil
 }
 
 // New returns a pool on a new database (see URL), closed when t ends. The
@@ -286,12 +313,42 @@ func New(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	return pool
 }
 
-// Main runs the tests of a package, stops the container if one was started,
-// and fails the run if goroutines leaked. Use it as a package's TestMain:
+// Main runs the tests of a package. Use it as the package's TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
+//
+// Before the tests, Main creates a database for the package, cloned from the
+// template as URL's are, and sets DATABASE_URL to it, so that runnable
+// examples get their database the way a user's program does:
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//
+// The package's tests and examples share that database. After them, Main
+// drops it, or keeps it and prints its URL if the run failed, and fails the
+// run if connections to it leaked (see URL) or goroutines leaked. It stops
+// the container if one was started.
 func Main(m *testing.M) int {
+	// create resolves the server, which may read DATABASE_URL, before it is
+	// set here; resolution runs once per process, so later tests use the
+	// same server.
+	name, u, err := create()
+	if err != nil {
+		// The tests that need a database fail with this reason too.
+		fmt.Fprintln(os.Stderr, "testdb:", err)
+	} else {
+		os.Setenv("DATABASE_URL", u)
+	}
 	code := m.Run()
+	switch {
+	case err != nil: // no database to drop
+	case code != 0:
+		fmt.Fprintf(os.Stderr, "testdb: kept the database of this failed run (DATABASE_URL): %s\n", inspect(u))
+	default:
+		if err := drop(name); err != nil {
+			fmt.Fprintln(os.Stderr, "testdb:", err)
+			code = 1
+		}
+	}
 	if container != nil {
 		_ = testcontainers.TerminateContainer(container)
 	}
