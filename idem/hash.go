@@ -1,17 +1,10 @@
 package idem
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"math"
-	"slices"
-	"strconv"
-	"strings"
 )
 
 // HashBytes returns the hex SHA-256 of b: the request hash for a raw body.
@@ -21,9 +14,18 @@ func HashBytes(b []byte) string {
 }
 
 // HashJSON returns the hex SHA-256 of v's canonical JSON: v is encoded with
-// encoding/json and then canonicalized as by CanonicalJSON, so two values
+// json.Marshal and the result canonicalized as by CanonicalJSON, so two values
 // that encode to equal JSON documents hash equally whatever their field or
-// map key order. A value that cannot be encoded as JSON is an error.
+// map key order. A value that cannot be encoded, or whose encoding
+// CanonicalJSON refuses (two map keys equal under case folding, such as "id"
+// and "ID"; nesting deeper than CanonicalJSON allows), is an error.
+//
+// Because v goes through json.Marshal first, the fingerprint is that of v's
+// encoding, not of v itself: json.Marshal replaces invalid UTF-8 in strings
+// with U+FFFD (so "\xff" and "\ufffd" hash equally here, while CanonicalJSON
+// refuses a document holding the former), writes a float64 as its shortest
+// round-tripping decimal, and leaves out what the json tags leave out. Hash
+// the request body with HashJSONBytes when those bytes are what must match.
 func HashJSON(v any) (string, error) {
 	raw, err := json.Marshal(v)
 	if err != nil {
@@ -37,8 +39,8 @@ func HashJSON(v any) (string, error) {
 }
 
 // HashJSONBytes returns the hex SHA-256 of the canonical form of the JSON
-// document doc (see CanonicalJSON). Use it for request bodies: {"a":1,"b":2}
-// and { "b": 2, "a": 1.0 } hash equally.
+// document doc (see CanonicalJSON), or CanonicalJSON's error. Use it for
+// request bodies: {"a":1,"b":2} and { "b": 2, "a": 1.0 } hash equally.
 func HashJSONBytes(doc []byte) (string, error) {
 	canon, err := CanonicalJSON(doc)
 	if err != nil {
@@ -47,156 +49,63 @@ func HashJSONBytes(doc []byte) (string, error) {
 	return HashBytes(canon), nil
 }
 
-// CanonicalJSON returns doc in a canonical form: object keys sorted, no
-// insignificant white space, strings re-escaped one way, and numbers in one
-// spelling (integers in decimal without exponent; other numbers as the
-// shortest round-tripping float64, so 1.0 and 1e0 become 1). doc must hold
-// exactly one JSON value. Duplicate object keys are an error, because parsers
-// disagree on which one wins and a fingerprint must not.
+// CanonicalJSON returns the canonical form of the JSON document doc: two
+// documents get the same canonical form exactly when they hold the same
+// value, where numbers are exact decimals, strings are sequences of Unicode
+// code points and objects are unordered sets of members.
+//
+// doc must be exactly one JSON value (RFC 8259), with only white space around
+// it. CanonicalJSON also refuses, with an error that names the problem and
+// its byte offset:
+//
+//   - two keys in one object that are equal under simple Unicode case
+//     folding (as bytes.EqualFold compares: "amount" and "Amount"; "k", "K"
+//     and the Kelvin sign U+212A), exact duplicates included. encoding/json
+//     matches keys to struct fields that way, last one winning, so such a
+//     document has no single meaning a fingerprint could stand for;
+//   - invalid UTF-8 and lone UTF-16 surrogate escapes ("\ud800" alone,
+//     "\udc00"), which decoders silently turn into U+FFFD;
+//   - nesting deeper than 512 arrays and objects;
+//   - a nonzero number whose magnitude is 10^1000001 or more, or below
+//     10^-1000000 (its decimal exponent in scientific notation beyond
+//     ±1000000), so that a short document cannot stand for a huge value.
+//
+// The canonical form has no insignificant white space, object members sorted
+// by the UTF-8 bytes of their unescaped keys, and one spelling per value.
+// Strings are escaped as json.Marshal escapes them: \" \\ \b \f \n \r \t,
+// the other control characters and < > & as \u00XX (lower-case hex), U+2028
+// and U+2029 as \u2028 and \u2029, everything else ('/' and U+007F
+// included) as UTF-8. Numbers are compared as exact decimals, never through
+// float64, so 1e15, 1000000000000000.0 and 10e14 are one value while 0.3 and
+// 0.30000000000000001 are two, and spelled thus:
+//
+//   - zero is 0, whatever its sign, fraction or exponent;
+//   - an integer that ends in at most 20 zeros is written in plain digits
+//     (1e2 as 100), so every integer below 10^21 is, and such an integer
+//     already written that way (100, -5, 123456789012345678901234567890) is
+//     its own canonical form. Other integers are written in scientific
+//     notation: 1e+21, 1.5e+300;
+//   - any other number is written as a plain decimal without trailing zeros
+//     if its magnitude is at least 0.0001 and below 1000000 (2.5, 0.1,
+//     0.0001, 123456.5), and in scientific notation otherwise
+//     (1.2345675e+06, 1e-05);
+//   - a negative number is its magnitude's spelling after '-'.
+//
+// Scientific notation is the first significant digit, then '.' and the other
+// significant digits if there are any, then 'e', the exponent's sign ('+' or
+// '-') and its value in at least two digits.
+//
+// The thresholds and the exponent form are those of
+// strconv.FormatFloat(x, 'g', -1, 64), which CanonicalJSON used when it read
+// numbers as float64, so that fingerprints taken then still match: every
+// number with at most 15 significant digits within float64's normal range
+// keeps the spelling it had, save integers of 10^15 and more, which that rule
+// spelled two ways (1000000000000000 as written, 1e15 as 1e+15) and which
+// now follow the integer rule above.
 func CanonicalJSON(doc []byte) ([]byte, error) {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	var buf bytes.Buffer
-	buf.Grow(len(doc))
-	if err := canonValue(dec, &buf, 0); err != nil {
+	canon, err := canonicalize(doc)
+	if err != nil {
 		return nil, fmt.Errorf("idem: canonical JSON: %w", err)
 	}
-	// Only white space may follow the value. Token, not More, must judge it:
-	// More reports a stray ']' or '}' as the end of the input.
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("idem: canonical JSON: trailing data after the value")
-	}
-	return buf.Bytes(), nil
-}
-
-// maxDepth bounds nesting so hostile bodies cannot exhaust the stack.
-const maxDepth = 512
-
-func canonValue(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("nested deeper than %d", maxDepth)
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			return canonObject(dec, buf, depth)
-		case '[':
-			buf.WriteByte('[')
-			for i := 0; dec.More(); i++ {
-				if i > 0 {
-					buf.WriteByte(',')
-				}
-				if err := canonValue(dec, buf, depth+1); err != nil {
-					return err
-				}
-			}
-			if _, err := dec.Token(); err != nil {
-				return err
-			}
-			buf.WriteByte(']')
-			return nil
-		}
-		return fmt.Errorf("unexpected %v", t)
-	case json.Number:
-		return canonNumber(buf, t)
-	case string:
-		writeString(buf, t)
-	case bool:
-		buf.WriteString(strconv.FormatBool(t))
-	case nil:
-		buf.WriteString("null")
-	default:
-		return fmt.Errorf("unexpected token %T", tok)
-	}
-	return nil
-}
-
-func canonObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
-	type member struct {
-		key string
-		val []byte
-	}
-	var members []member
-	seen := make(map[string]struct{})
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		key, ok := tok.(string)
-		if !ok {
-			return fmt.Errorf("object key is %T", tok)
-		}
-		if _, dup := seen[key]; dup {
-			return fmt.Errorf("duplicate object key %q", key)
-		}
-		seen[key] = struct{}{}
-		var val bytes.Buffer
-		if err := canonValue(dec, &val, depth+1); err != nil {
-			return err
-		}
-		members = append(members, member{key, val.Bytes()})
-	}
-	if _, err := dec.Token(); err != nil {
-		return err
-	}
-	// Sort by the UTF-8 bytes of the key: simple and total (keys are unique).
-	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
-	buf.WriteByte('{')
-	for i, m := range members {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		writeString(buf, m.key)
-		buf.WriteByte(':')
-		buf.Write(m.val)
-	}
-	buf.WriteByte('}')
-	return nil
-}
-
-func canonNumber(buf *bytes.Buffer, n json.Number) error {
-	s := string(n)
-	if isInteger(s) {
-		s = strings.TrimPrefix(s, "+")
-		if s == "-0" {
-			s = "0"
-		}
-		buf.WriteString(s)
-		return nil
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
-		return fmt.Errorf("number %q out of range", s)
-	}
-	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
-		buf.WriteString(strconv.FormatInt(int64(f), 10))
-		return nil
-	}
-	buf.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
-	return nil
-}
-
-func isInteger(s string) bool {
-	s = strings.TrimPrefix(s, "-")
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-func writeString(buf *bytes.Buffer, s string) {
-	// json.Marshal of a string cannot fail; it escapes one way only.
-	b, _ := json.Marshal(s)
-	buf.Write(b)
+	return canon, nil
 }
