@@ -13,7 +13,6 @@ type call struct {
 	reqHash  string
 	ttlMicro int64
 	begin    string
-	nested   bool // db is an outer pgx.Tx: the commit is not ours
 
 	// What every attempt sends and scans lives here, allocated once with the
 	// call: the arguments boxed once (scope and key go out three times), the

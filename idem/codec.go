@@ -61,9 +61,9 @@ func storedForm[T any](v T, data []byte) (T, error) {
 }
 
 // storable caches checkType's verdict per result type.
-var storable sync.Map // reflect.Type -> error (nil stored as errOK)
+var storable sync.Map // reflect.Type -> verdict
 
-var errOK = errors.New("ok")
+type verdict struct{ err error }
 
 // checkStorable reports whether a T can be stored and replayed exactly: an
 // error wrapping ErrInvalidOption that names the first part JSON cannot
@@ -71,10 +71,7 @@ var errOK = errors.New("ok")
 func checkStorable[T any]() error {
 	t := reflect.TypeFor[T]()
 	if v, ok := storable.Load(t); ok {
-		if v == errOK {
-			return nil
-		}
-		return v.(error)
+		return v.(verdict).err
 	}
 	var err error
 	if !isBinary[T]() {
@@ -82,11 +79,7 @@ func checkStorable[T any]() error {
 			err = inputError(ErrInvalidOption, "result type %v cannot be replayed exactly: %s; give the type MarshalBinary/UnmarshalBinary or MarshalJSON/UnmarshalJSON methods, or store plain exported fields", t, problem)
 		}
 	}
-	if err == nil {
-		storable.Store(t, errOK)
-	} else {
-		storable.Store(t, err)
-	}
+	storable.Store(t, verdict{err})
 	return err
 }
 

@@ -1,6 +1,8 @@
 // Package idem runs an operation at most once per idempotency key, in the
 // same PostgreSQL transaction as the operation's own writes.
 //
+//	import "github.com/idemhq/idem/idem"
+//
 // # The problem
 //
 // A server commits a charge, the answer is lost on the wire, the client times
@@ -24,12 +26,17 @@
 //   - the same key with a different request: ErrMismatch;
 //   - the same key while the first request still runs: ErrInProgress at once.
 //
-// Keys are kept for a TTL (24 hours by default) and deleted by Sweep.
+// A key is replayed for a TTL after it completed (24 hours by default) and
+// deleted by Sweep afterwards. Do's documentation states the contract in
+// full.
 //
 // # Example
 //
+//	keys, err := idem.NewClient(pool, &idem.Config{TTL: 24 * time.Hour}) // once, at start-up
+//	...
+//	ctx = idem.ContextWithScope(ctx, userID) // per request: keys are per user
 //	hash, _ := idem.HashJSON(req)
-//	payment, err := idem.Do(ctx, pool, key, hash, func(tx pgx.Tx) (Payment, error) {
+//	payment, err := idem.Do(ctx, keys, key, hash, func(tx pgx.Tx) (Payment, error) {
 //		var p Payment
 //		err := tx.QueryRow(ctx,
 //			`UPDATE accounts SET balance = balance - $1 WHERE id = $2 AND balance >= $1
@@ -40,9 +47,20 @@
 //		return p, err
 //	})
 //
-// Wrap does the same for a service method, and the idemhttp package for an
-// HTTP handler. The table comes from the schema package (or
-// schema/001_idempotency_keys.sql).
+// Run does the same and also reports the Outcome (executed, replayed, ...)
+// and gives fn a context carrying the key, from which CallKey.Derive makes
+// the key for a downstream service. Wrap does it for a service method, and
+// the idemhttp package for an HTTP handler. The table comes from the schema
+// package (or schema/001_idempotency_keys.sql).
+//
+// # Configuration
+//
+// What a deployment shares (the table, the TTL, a Sealer, an Observer, a
+// logger, limits) goes in a Config, which NewClient checks once; the Client
+// is then passed wherever a database is expected. What varies per call
+// (WithWait, WithTxOptions, WithObserver) is an Option. The scope, which
+// varies per request, travels in the context (ContextWithScope). A plain
+// pool works too, with the defaults.
 //
 // # Cost
 //
@@ -50,4 +68,10 @@
 // those of the bare transaction: the claim travels in the pipeline that
 // carries BEGIN, and the stored result in the one that carries COMMIT. A
 // replay is one round trip that takes no lock and writes nothing.
+//
+// # Operations
+//
+// Client.Lookup shows what a key holds, Client.Forget resets a key,
+// Client.Sweep and Client.SweepEvery delete expired keys, and an Observer
+// sees every call.
 package idem

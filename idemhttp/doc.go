@@ -1,18 +1,21 @@
 // Package idemhttp is net/http middleware that makes unsafe requests safe to
 // retry with an Idempotency-Key header.
 //
+//	import "github.com/idemhq/idem/idemhttp"
+//
 // The key, the handler's database writes and its response commit in one
-// PostgreSQL transaction, through idem.Do. A retry with the same key never
+// PostgreSQL transaction, through idem.Run. A retry with the same key never
 // runs the handler twice: it receives the stored response, marked
 // Idempotent-Replayed: true, or 409 while the first request still runs. A
-// response that must not be kept (5xx by default) rolls everything back, and
-// the retry runs the handler again.
+// response that must not be kept (5xx, and 4xx that reject the request
+// before it runs, by default) rolls everything back, and the retry runs the
+// handler again. NewMiddleware states the contract in full.
 //
-//	pool, _ := pgxpool.New(ctx, databaseURL)
-//	mw := idemhttp.New(pool,
-//		idemhttp.WithRequired(true),
-//		idemhttp.WithScope(func(r *http.Request) (string, error) { return userID(r) }),
-//	)
+//	keys, err := idem.NewClient(pool, nil) // the deployment's idem.Config
+//	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{
+//		Required: true,
+//		Scope:    func(r *http.Request) (string, error) { return userID(r) },
+//	})
 //	mux := http.NewServeMux()
 //	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) {
 //		var id int64
@@ -25,12 +28,14 @@
 //		w.Header().Set("Location", fmt.Sprintf("/charges/%d", id))
 //		w.WriteHeader(http.StatusCreated) // commits with the key
 //	})
-//	http.ListenAndServe(":8080", mw(mux))
+//	http.ListenAndServe(":8080", mw.Handler(mux))
 //
 // The header is read both as the IETF draft's quoted string
 // ("8e03978e-40d5-43e8-bc93-6894a57f9324") and as the bare token Stripe
-// clients send. Set WithScope whenever more than one user can reach the
-// handler: keys are namespaced per scope, so one user's key can never replay
-// another user's response. The middleware's own answers are RFC 9457
-// problem documents whose types are the Problem* constants.
+// clients send. Scope keys by the authenticated principal (Config.Scope, or
+// idem.ContextWithScope in the authentication middleware in front) whenever
+// more than one user can reach the handler: one user's key can then never
+// replay another user's response. The middleware's own answers are RFC 9457
+// problem documents whose types are the Problem* constants, or whatever
+// Config.WriteProblem renders.
 package idemhttp

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -186,34 +185,5 @@ func wantReplayed(t *testing.T, w *httptest.ResponseRecorder, replayed bool) {
 	got := w.Header().Get(idemhttp.HeaderReplayed)
 	if (got == "true") != replayed || (!replayed && got != "") {
 		t.Fatalf("%s: %q, want replayed=%t", idemhttp.HeaderReplayed, got, replayed)
-	}
-}
-
-// exampleTB lets examples, which get no *testing.T, take a database from
-// testdb. testdb calls only the methods defined here.
-type exampleTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (*exampleTB) Helper()            {}
-func (*exampleTB) Failed() bool       { return false }
-func (e *exampleTB) Cleanup(f func()) { e.cleanups = append(e.cleanups, f) }
-func (*exampleTB) Fatalf(format string, args ...any) {
-	panic(fmt.Sprintf(format, args...))
-}
-func (*exampleTB) Errorf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, format+"\n", args...)
-}
-
-// exampleDB returns a pool on a fresh database and the function that drops
-// it.
-func exampleDB() (*pgxpool.Pool, func()) {
-	tb := &exampleTB{}
-	pool := testdb.New(tb)
-	return pool, func() {
-		for i := len(tb.cleanups) - 1; i >= 0; i-- {
-			tb.cleanups[i]()
-		}
 	}
 }

@@ -138,20 +138,6 @@ func do[T any](t *testing.T, s *setup, v variant, key, hash string, fn func(pgx.
 	return res, err
 }
 
-// run calls idem.Run through variant v and returns what it returned.
-func run[T any](t *testing.T, s *setup, v variant, ctx context.Context, key, hash string, fn func(context.Context, pgx.Tx) (T, error), opts ...idem.Option) (T, idem.Outcome, error) {
-	t.Helper()
-	var (
-		res     T
-		outcome idem.Outcome
-		err     error
-	)
-	v.with(t, s.pool, func(db idem.Beginner) {
-		res, outcome, err = idem.Run(ctx, s.client(db), key, hash, fn, opts...)
-	})
-	return res, outcome, err
-}
-
 // client is db, or a Client on db with s.cfg when the test set one.
 func (s *setup) client(db idem.Beginner) idem.Beginner {
 	if s.cfg == nil {

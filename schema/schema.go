@@ -14,18 +14,16 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/idemhq/idem/internal/dbtx"
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
 //go:embed [0-9]*.sql
 var files embed.FS
 
-// Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+// Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do. It
+// is the same interface as idem.Execer.
+type Execer = dbtx.Execer
 
 // Apply creates or completes the idempotency_keys table. It is safe to call
 // on every start and from several processes at once: concurrent callers

@@ -209,12 +209,13 @@ func call(ctx context.Context, pool *pgxpool.Pool, class, key string, opts ...id
 		a.outcome, a.detail = "error", err.Error()
 		return a
 	}
-	opts = append(opts, idem.WithReplayed(&a.replayed))
-	a.entry, err = idem.Do(ctx, pool, key, hash, func(tx pgx.Tx) (entry, error) {
+	var outcome idem.Outcome
+	a.entry, outcome, err = idem.Run(ctx, pool, key, hash, func(ctx context.Context, tx pgx.Tx) (entry, error) {
 		e := entry{Amount: amount}
 		err := tx.QueryRow(ctx, "INSERT INTO ledger (idem_key, amount) VALUES ($1, $2) RETURNING id", key, amount).Scan(&e.ID)
 		return e, err
 	}, opts...)
+	a.replayed = outcome == idem.OutcomeReplayed
 	switch {
 	case err == nil:
 		a.outcome = "ok"
