@@ -395,7 +395,7 @@ func TestErrorsThatHelp(t *testing.T) {
 func TestTTLCountsFromCompletion(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	const ttl = 2 * time.Second
+	const ttl = 5 * time.Second
 	keys, err := idem.NewClient(s.pool, &idem.Config{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
@@ -405,7 +405,7 @@ func TestTTLCountsFromCompletion(t *testing.T) {
 		runs++
 		// Longer than the TTL: a lifetime counted from the claim would be
 		// over before the key completes.
-		_, err := tx.Exec(context.Background(), "SELECT pg_sleep(3)")
+		_, err := tx.Exec(context.Background(), "SELECT pg_sleep(6)")
 		return runs, err
 	}
 	if _, err := idem.Do(context.Background(), keys, "slow", "h", slow); err != nil {
@@ -413,7 +413,7 @@ func TestTTLCountsFromCompletion(t *testing.T) {
 	}
 	_, outcome, err := idem.Run(context.Background(), keys, "slow", "h", func(ctx context.Context, tx pgx.Tx) (int, error) { return slow(tx) })
 	if err != nil || outcome != idem.OutcomeReplayed || runs != 1 {
-		t.Fatalf("retry after a %v call with a %v TTL: %v, %v, fn ran %d times; want a replay", 3*time.Second, ttl, outcome, err, runs)
+		t.Fatalf("retry after a %v call with a %v TTL: %v, %v, fn ran %d times; want a replay", 6*time.Second, ttl, outcome, err, runs)
 	}
 	rec, err := keys.Lookup(context.Background(), "", "slow")
 	if err != nil {
@@ -422,8 +422,8 @@ func TestTTLCountsFromCompletion(t *testing.T) {
 	if got := rec.ExpiresAt.Sub(rec.CompletedAt); got != ttl {
 		t.Fatalf("ExpiresAt - CompletedAt = %v, want the TTL %v", got, ttl)
 	}
-	if rec.CompletedAt.Sub(rec.CreatedAt) < 3*time.Second {
-		t.Fatalf("completed %v after the claim, want at least the 3s of work", rec.CompletedAt.Sub(rec.CreatedAt))
+	if rec.CompletedAt.Sub(rec.CreatedAt) < 6*time.Second {
+		t.Fatalf("completed %v after the claim, want at least the 6s of work", rec.CompletedAt.Sub(rec.CreatedAt))
 	}
 }
 
