@@ -28,7 +28,7 @@ func Example() {
 	if _, err := pool.Exec(ctx, `create table example_charges (id bigserial primary key, amount int not null)`); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, `drop table example_charges`) //nolint:errcheck // best effort
+	defer pool.Exec(ctx, `drop table example_charges`)
 
 	// The service: the handler inserts the charge through the request's
 	// transaction, behind idemhttp's middleware.

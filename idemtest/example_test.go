@@ -50,7 +50,7 @@ func Example() {
 		id bigserial primary key, account text not null, amount int not null)`); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, `drop table example_charges`) //nolint:errcheck // best effort
+	defer pool.Exec(ctx, `drop table example_charges`)
 
 	suite := idemtest.Suite[ChargeRequest, Charge]{
 		Call:    idem.Wrap(pool, "charges.create", Charges{}.Charge), // as the application calls it

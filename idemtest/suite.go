@@ -198,9 +198,9 @@ func (s Suite[Req, Resp]) setup(t testing.TB) ([]kit.Scenario, error) {
 	case s.Effects == nil:
 		return nil, errors.New("Suite needs Effects: the count of the operation's effects in the database")
 	case s.Retries < 0:
-		return nil, fmt.Errorf("Retries %d is negative", s.Retries)
+		return nil, fmt.Errorf("invalid Suite: Retries %d is negative", s.Retries)
 	case s.Concurrency < 0 || s.Concurrency == 1:
-		return nil, fmt.Errorf("Concurrency %d: want at least 2", s.Concurrency)
+		return nil, fmt.Errorf("invalid Suite: Concurrency %d, want at least 2", s.Concurrency)
 	}
 	if s.Retries == 0 {
 		s.Retries = DefaultRetries
