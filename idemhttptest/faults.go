@@ -12,9 +12,10 @@ import (
 // handler fails when something breaks at the last moment: the kit arms it
 // for a key, and its Middleware, installed inside idemhttp's, runs the
 // handler for that key's next request, discards the handler's response and
-// answers 503 in its place. The middleware then rolls the transaction back
-// (idemhttp stores no 5xx by default), and the kit checks that nothing of
-// the attempt remains and that a retry executes.
+// answers 503 in its place. idemhttp then rolls the transaction back and
+// leaves the key free, as it does for any 5xx unless its Config.StoreStatus
+// says otherwise, and the kit checks that nothing of the attempt remains and
+// that a retry executes.
 //
 // The zero value is ready to use. A Faults never armed does nothing: the
 // middleware can stay in a test's handler stack. Install it only in tests.
