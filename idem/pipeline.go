@@ -98,11 +98,15 @@ func (p *pipeline) finish(ctx context.Context, c *call, fin *finish) error {
 	b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
 	b.Queue("commit")
 	failed, err := execAll(p.conn.SendBatch(ctx, b), b.Len())
-	if err == nil {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if failed == complete && isKeyLost(err) {
+	case failed == complete && isKeyLost(err):
 		return keyLostError(err)
+	case failed < b.Len()-1 && isServerError(err):
+		// The server refused a statement before COMMIT (a trigger on the key
+		// table, say): the transaction aborted and nothing committed.
+		return fmt.Errorf("idem: store result: %w", err)
 	}
 	return commitError(err, true)
 }
