@@ -26,10 +26,10 @@ postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) un
 
 test: postgres fmt-check vet tidy-check generate-check ## Run every test of every module against a real PostgreSQL, with -race, plus short fuzz runs.
 	@$(GO) run ./internal/testdb/which
-	@for m in $(MODULES); do \
+	@status=0; for m in $(MODULES); do \
 	  echo "go test -race ./... in $$m"; \
-	  (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; \
-	done
+	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
+	done; exit $$status
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
@@ -62,10 +62,10 @@ fuzz: ## Run each fuzz target of every module for FUZZTIME (default 10s).
 
 lint: ## golangci-lint over every module, installed into ./bin on first use.
 	@test -x $(LINT) || GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(LINT_VER)
-	@for m in $(MODULES); do echo "golangci-lint in $$m"; (cd $$m && $(LINT) run ./...) || exit 1; done
+	@status=0; for m in $(MODULES); do echo "golangci-lint in $$m"; (cd $$m && $(LINT) run ./...) || status=1; done; exit $$status
 
 vet: ## go vet over every module.
-	@for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
+	@status=0; for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && $(GO) vet ./...) || status=1; done; exit $$status
 
 fmt-check: ## Fail if gofmt would change a file of any module.
 	@out=$$(for m in $(MODULES); do \
