@@ -6,10 +6,17 @@ LINT      := $(GOBIN)/golangci-lint
 LINT_VER  := v2.15.0
 FUZZTIME  ?= 10s
 
+# The repository's Go modules: the root module and the nested ones that
+# keep heavy dependencies away from the core's users. test, vet, fmt-check,
+# tidy-check, lint and fuzz run in each.
+MODULES   := . payments_example
+# Pathspecs that leave the nested modules out of the root module's files.
+NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
+
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -17,13 +24,29 @@ help: ## List the targets.
 postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) unless a URL is set.
 	@./scripts/ensure-postgres.sh
 
-test: postgres fmt-check vet tidy-check ## Run every test against a real PostgreSQL, with -race, plus short fuzz runs.
+test: postgres fmt-check vet tidy-check generate-check ## Run every test of every module against a real PostgreSQL, with -race, plus short fuzz runs.
 	@$(GO) run ./internal/testdb/which
-	$(GO) test -race -count=1 ./...
+	@status=0; for m in $(MODULES); do \
+	  echo "go test -race ./... in $$m"; \
+	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
+	done; exit $$status
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
-	$(GO) run ./payments_example/demo
+	cd payments_example && $(GO) run ./demo
+
+generate: ## Regenerate the payments example's api package (bundled spec, oapi-codegen code) from its openapi.yaml.
+	./payments_example/generate.sh
+
+generate-check: ## Fail if make generate would change the committed generated files.
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	./payments_example/generate.sh "$$tmp" || exit 1; \
+	for f in openapi.yaml api.gen.go; do \
+	  if ! cmp -s "$$tmp/$$f" payments_example/api/$$f; then \
+	    echo "payments_example/api/$$f is stale: run make generate and commit the result"; \
+	    diff -u payments_example/api/$$f "$$tmp/$$f" | head -n 40; exit 1; \
+	  fi; \
+	done
 
 bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer pattern.
 	$(GO) run ./cmd/idem-bench
@@ -34,23 +57,31 @@ loadtest: postgres ## Several processes, 100k+ operations, reconciled from the d
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh
 
-fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
-	@./scripts/fuzz.sh $(FUZZTIME)
+fuzz: ## Run each fuzz target of every module for FUZZTIME (default 10s).
+	@for m in $(MODULES); do (cd $$m && $(CURDIR)/scripts/fuzz.sh $(FUZZTIME)) || exit 1; done
 
-lint: ## golangci-lint, installed into ./bin on first use.
+lint: ## golangci-lint over every module, installed into ./bin on first use.
 	@test -x $(LINT) || GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(LINT_VER)
-	$(LINT) run ./...
+	@status=0; for m in $(MODULES); do echo "golangci-lint in $$m"; (cd $$m && $(LINT) run ./...) || status=1; done; exit $$status
 
-vet: ## go vet.
-	$(GO) vet ./...
+vet: ## go vet over every module.
+	@status=0; for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && $(GO) vet ./...) || status=1; done; exit $$status
 
-fmt-check: ## Fail if gofmt would change a file.
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+fmt-check: ## Fail if gofmt would change a file of any module.
+	@out=$$(for m in $(MODULES); do \
+	  if [ "$$m" = . ]; then files=$$(git ls-files -- '*.go' $(NESTED_EXCLUDES)); \
+	  else files=$$(git ls-files -- "$$m/*.go"); fi; \
+	  [ -z "$$files" ] || gofmt -l $$files; \
+	done); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-tidy-check: ## Fail if go mod tidy would change go.mod or go.sum.
-	@cp go.mod /tmp/idem-go.mod.bak; cp go.sum /tmp/idem-go.sum.bak; \
-	$(GO) mod tidy; \
-	if ! cmp -s go.mod /tmp/idem-go.mod.bak || ! cmp -s go.sum /tmp/idem-go.sum.bak; then \
-	  echo "go mod tidy changed go.mod/go.sum; commit the tidy result"; \
-	  cp /tmp/idem-go.mod.bak go.mod; cp /tmp/idem-go.sum.bak go.sum; exit 1; fi
+tidy-check: ## Fail if go mod tidy would change go.mod or go.sum of any module.
+	@for m in $(MODULES); do \
+	  tmp=$$(mktemp -d); cp $$m/go.mod $$m/go.sum "$$tmp"/; \
+	  (cd $$m && $(GO) mod tidy) || { rm -rf "$$tmp"; exit 1; }; \
+	  if ! cmp -s $$m/go.mod "$$tmp"/go.mod || ! cmp -s $$m/go.sum "$$tmp"/go.sum; then \
+	    echo "go mod tidy changed $$m/go.mod or $$m/go.sum; commit the tidy result"; \
+	    cp "$$tmp"/go.mod "$$tmp"/go.sum $$m/; rm -rf "$$tmp"; exit 1; \
+	  fi; \
+	  rm -rf "$$tmp"; \
+	done

@@ -5,12 +5,15 @@
 //
 // Usage:
 //
-//	DATABASE_URL=postgres://... go run ./payments_example -addr 127.0.0.1:8080
+//	DATABASE_URL=postgres://... go run . -addr 127.0.0.1:8080
 //
-// The HTTP API is described in internal/payments (NewHandler). The service
-// creates its tables on start if they are missing, and shuts down gracefully
-// on SIGINT or SIGTERM. `make demo` (./demo) shows the guarantee against a
-// network that loses answers.
+// The HTTP API is described in openapi.yaml and served at GET /openapi.yaml;
+// internal/payments implements it. Clients sign up with POST /accounts and
+// send the API key they receive as "Authorization: Bearer"; idempotency
+// keys are scoped by it. The service creates its tables on start if they
+// are missing, deletes expired idempotency keys every -sweep-every, and
+// shuts down gracefully on SIGINT or SIGTERM. `make demo` (./demo) shows
+// the guarantee against a network that loses answers.
 package main
 
 import (
@@ -23,32 +26,83 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 )
 
 // defaultDatabaseURL is used when DATABASE_URL is not set.
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
+// The server's limits on slow or silent clients. Without them, a client
+// that sends its request slowly, or never reads its answer, holds a
+// connection and a goroutine for as long as it likes.
+const (
+	// ReadHeaderTimeout bounds the time to send the request line and
+	// headers.
+	ReadHeaderTimeout = 5 * time.Second
+	// ReadTimeout bounds the time to send the whole request, body included
+	// (up to 1 MiB).
+	ReadTimeout = 30 * time.Second
+	// WriteTimeout bounds the time from the end of the request's headers
+	// to the end of the answer: the handler's work and the writing of the
+	// answer to a client that does not read it.
+	WriteTimeout = 30 * time.Second
+	// IdleTimeout closes a keep-alive connection that carries no request.
+	IdleTimeout = 60 * time.Second
+	// MaxHeaderBytes bounds the request line and headers.
+	MaxHeaderBytes = 64 << 10
+	// shutdownTimeout bounds a graceful shutdown: requests in flight get
+	// this long to finish.
+	shutdownTimeout = 10 * time.Second
+)
+
+// settings is what serve needs besides the listener and the database.
+type settings struct {
+	sweepEvery time.Duration // how often expired idempotency keys are deleted
+	// The server's timeouts; the constants above in production, shorter in
+	// tests.
+	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
+}
+
+func defaultSettings() settings {
+	return settings{
+		sweepEvery:        time.Minute,
+		readHeaderTimeout: ReadHeaderTimeout,
+		readTimeout:       ReadTimeout,
+		writeTimeout:      WriteTimeout,
+		idleTimeout:       IdleTimeout,
+	}
+}
+
 func main() {
+	set := defaultSettings()
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on, host:port")
+	flag.DurationVar(&set.sweepEvery, "sweep-every", set.sweepEvery, "how often to delete expired idempotency keys")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port]
+		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-sweep-every 1m]
 
 A payments service that charges each payment exactly once per Idempotency-Key.
 
 Environment:
   DATABASE_URL  PostgreSQL connection URL (default %s)
 
+Server timeouts: headers %v, request %v, answer %v, idle connection %v.
+
 Flags:
-`, defaultDatabaseURL)
+`, defaultDatabaseURL, ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout)
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if set.sweepEvery <= 0 {
+		fmt.Fprintln(os.Stderr, "payments_example: -sweep-every must be positive")
+		os.Exit(2)
+	}
 
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
@@ -57,14 +111,14 @@ Flags:
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *addr, dbURL, log); err != nil {
+	if err := run(ctx, *addr, dbURL, log, set); err != nil {
 		log.Error("payments_example stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
 // run connects, creates the tables, and serves on addr until ctx ends.
-func run(ctx context.Context, addr, dbURL string, log *slog.Logger) error {
+func run(ctx context.Context, addr, dbURL string, log *slog.Logger, set settings) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -77,20 +131,46 @@ func run(ctx context.Context, addr, dbURL string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, pool, log)
+	return serve(ctx, ln, pool, log, set)
 }
 
 // serve serves the API on ln until ctx ends, then shuts down gracefully:
-// the listener closes and requests in flight finish (up to 10s) before it
-// returns.
-func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.Logger) error {
-	srv := &http.Server{
-		Handler:           payments.NewHandler(pool, log),
-		ReadHeaderTimeout: 10 * time.Second,
+// the listener closes, requests in flight finish (up to 10s), and the
+// sweeper stops, before it returns.
+func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) error {
+	// One idem.Client holds the deployment's key settings; the middleware
+	// and the sweeper share it. Its Logger receives failed sweeps.
+	keys, err := idem.NewClient(pool, &idem.Config{Logger: log})
+	if err != nil {
+		_ = ln.Close()
+		return err
 	}
+	handler, err := payments.NewHandler(pool, keys, log)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: set.readHeaderTimeout,
+		ReadTimeout:       set.readTimeout,
+		WriteTimeout:      set.writeTimeout,
+		IdleTimeout:       set.idleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	// The sweeper lives as long as the server: it stops when ctx ends, and
+	// serve does not return before it has.
+	sweepCtx, stopSweeper := context.WithCancel(ctx)
+	var sweeper sync.WaitGroup
+	sweeper.Go(func() { _ = keys.SweepEvery(sweepCtx, set.sweepEvery, nil) })
+	defer sweeper.Wait()
+	defer stopSweeper()
+
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String())
+	log.Info("serving", "addr", ln.Addr().String(), "sweep_every", set.sweepEvery)
 
 	select {
 	case err := <-served:
@@ -98,9 +178,11 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
+		// Requests still running after the grace period are cut off.
+		_ = srv.Close()
 		return err
 	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {

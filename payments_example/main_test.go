@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -9,17 +13,31 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/payments_example/internal/spectest"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 
-// TestServe starts the command's server, pays through it, and stops it the
-// way SIGTERM does: serve returns nil once it has shut down.
-func TestServe(t *testing.T) {
-	pool := testdb.New(t)
+// liveness bounds the tests below that wait for the server to do
+// something: not a timing assertion, only a limit on a broken run.
+const liveness = 60 * time.Second
+
+// service is the command's server started by a test.
+type service struct {
+	addr   string
+	client *http.Client // checks every request and answer against the spec
+	stop   func() error // stops it as SIGTERM does and returns serve's error
+}
+
+func start(t *testing.T, pool *pgxpool.Pool, set settings) *service {
+	t.Helper()
 	if err := payments.Migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
@@ -27,31 +45,207 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, ln, pool, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	go func() { served <- serve(ctx, ln, pool, slog.New(slog.NewTextHandler(io.Discard, nil)), set) }()
+	var stopped bool
+	var result error
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			result = <-served
+		}
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	transport := &http.Transport{DisableKeepAlives: true}
+	return &service{
+		addr:   ln.Addr().String(),
+		client: &http.Client{Transport: spectest.New(t).Transport(t, transport)},
+		stop:   stop,
+	}
+}
 
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	base := "http://" + ln.Addr().String()
-	res, err := client.Get(base + "/healthz")
+func (s *service) get(ctx context.Context, t *testing.T, path, apiKey string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.addr+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("GET /healthz: %d", res.StatusCode)
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	res, err = client.Post(base+"/accounts", "application/json", strings.NewReader(`{"owner": "ada", "balance": 1}`))
+	res, err := s.client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res.StatusCode, body
+}
+
+func (s *service) signUp(ctx context.Context, t *testing.T) api.AccountCreated {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/accounts", strings.NewReader(`{"owner": "ada", "balance": 1000}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusCreated {
-		t.Fatalf("POST /accounts: %d", res.StatusCode)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer res.Body.Close()
+	var a api.AccountCreated
+	if err := json.NewDecoder(res.Body).Decode(&a); err != nil || res.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /accounts: %d %v", res.StatusCode, err)
+	}
+	return a
+}
 
-	stop()
-	if err := <-served; err != nil {
+func (s *service) pay(ctx context.Context, t *testing.T, a api.AccountCreated, key string, amount int64) int {
+	t.Helper()
+	body := fmt.Sprintf(`{"account_id": %d, "amount": %d, "currency": "USD"}`, a.Id, amount)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/payments", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+a.ApiKey)
+	req.Header.Set("Idempotency-Key", key)
+	res, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = res.Body.Close()
+	return res.StatusCode
+}
+
+// TestServe starts the command's server, signs up and pays through it, and
+// stops it the way SIGTERM does: serve returns nil once it has shut down,
+// its sweeper stopped (goleak, in TestMain, would find it otherwise).
+func TestServe(t *testing.T) {
+	pool := testdb.New(t)
+	s := start(t, pool, defaultSettings())
+	if status, body := s.get(t.Context(), t, "/healthz", ""); status != http.StatusOK {
+		t.Fatalf("GET /healthz: %d %s", status, body)
+	}
+	a := s.signUp(t.Context(), t)
+	if status := s.pay(t.Context(), t, a, "serve-1", 100); status != http.StatusCreated {
+		t.Fatalf("POST /payments: %d", status)
+	}
+	if err := s.stop(); err != nil {
 		t.Fatalf("serve after shutdown: %v", err)
+	}
+}
+
+// TestSlowReadersDoNotStopTheService is the review's finding: clients that
+// send a request and never read the answer froze the service. Each request
+// here has a field name of nearly 1 MiB of '<' (whose escaped echo was a
+// 6 MiB error body, written while the request held a database
+// connection); four such clients on a pool of four connections must leave
+// /healthz and payments answering.
+func TestSlowReadersDoNotStopTheService(t *testing.T) {
+	pool := testdb.New(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
+	s := start(t, pool, defaultSettings())
+	ctx, cancel := context.WithTimeout(t.Context(), liveness)
+	defer cancel()
+	a := s.signUp(ctx, t)
+
+	body := `{"` + strings.Repeat("<", payments.MaxBodyBytes-64) + `": 1}`
+	var dialer net.Dialer
+	for i := range 4 {
+		conn, err := dialer.DialContext(ctx, "tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		deadline, _ := ctx.Deadline()
+		_ = conn.SetWriteDeadline(deadline)
+		req := fmt.Sprintf("POST /payments HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nIdempotency-Key: slow-%d\r\n"+
+			"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", s.addr, a.ApiKey, i, len(body), body)
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatalf("slow client %d: %v", i, err)
+		}
+		// It never reads.
+	}
+
+	if status, body := s.get(ctx, t, "/healthz", ""); status != http.StatusOK {
+		t.Fatalf("GET /healthz with four silent clients: %d %s", status, body)
+	}
+	if status := s.pay(ctx, t, a, "after-slow", 100); status != http.StatusCreated {
+		t.Fatalf("POST /payments with four silent clients: %d", status)
+	}
+}
+
+// TestServerTimeouts checks that the server does not keep connections for
+// clients that stall: one that never finishes its headers, one that never
+// finishes its body, and an idle keep-alive connection are all closed by
+// the server. The timeouts are shortened for the test; what is asserted is
+// only that the server closes each connection, not when.
+func TestServerTimeouts(t *testing.T) {
+	set := defaultSettings()
+	set.readHeaderTimeout = 200 * time.Millisecond
+	set.readTimeout = 500 * time.Millisecond
+	set.writeTimeout = 2 * time.Second
+	set.idleTimeout = 200 * time.Millisecond
+	s := start(t, testdb.New(t), set)
+
+	for name, req := range map[string]string{
+		"headers never finished": "GET /healthz HTTP/1.1\r\nHost: x\r\n",
+		"body never finished":    "POST /accounts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"owner\"",
+		"idle after an answer":   "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", s.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(liveness))
+			if _, err := io.WriteString(conn, req); err != nil {
+				t.Fatal(err)
+			}
+			// Read whatever the server answers until it closes the
+			// connection; only our own deadline is a failure.
+			_, err = io.Copy(io.Discard, bufio.NewReader(conn))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the server kept the connection open for %v", liveness)
+			}
+		})
+	}
+}
+
+// TestSweeperRuns checks that the service deletes expired idempotency keys
+// by itself: a key that expired a day ago is gone soon after start.
+func TestSweeperRuns(t *testing.T) {
+	pool := testdb.New(t)
+	if err := payments.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pool.Exec(t.Context(), `insert into idempotency_keys
+		(scope, idempotency_key, request_hash, status, created_at, completed_at, expires_at)
+		values ('account:1', 'expired', 'h', 'completed', now() - interval '2 days', now() - interval '2 days', now() - interval '1 day')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := defaultSettings()
+	set.sweepEvery = time.Hour // the first sweep runs at start
+	s := start(t, pool, set)
+	ctx, cancel := context.WithTimeout(t.Context(), liveness)
+	defer cancel()
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, "select count(*) from idempotency_keys").Scan(&n); err != nil {
+			t.Fatalf("the expired key is still there: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
 	}
 }

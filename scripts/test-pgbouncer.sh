@@ -9,7 +9,10 @@
 #   PGBOUNCER_POOL_SIZE   server connections per database (default 2)
 #   IDEM_PGBOUNCER_MODES  pgx exec modes to run the tests in
 #                         (default "exec simple_protocol")
-#   IDEM_PGBOUNCER_PKGS   packages to test (default: those with database tests)
+#   IDEM_PGBOUNCER_PKGS   packages of the root module to test (default: those
+#                         with database tests); the payments example, a
+#                         module of its own, runs after them unless
+#                         IDEM_PGBOUNCER_EXAMPLE=0
 #   IDEM_PGBOUNCER_GOTEST extra go test flags (default "-timeout 5m")
 #
 # Two tests are skipped: the psql test, as psql rejects pgx's
@@ -30,7 +33,8 @@ say() { printf 'test-pgbouncer: %s\n' "$*" >&2; }
 port=${PGBOUNCER_PORT:-6432}
 pool_size=${PGBOUNCER_POOL_SIZE:-2}
 modes=${IDEM_PGBOUNCER_MODES:-exec simple_protocol}
-pkgs=${IDEM_PGBOUNCER_PKGS:-./idem/ ./integration_test/ ./idemhttp/... ./payments_example/...}
+pkgs=${IDEM_PGBOUNCER_PKGS:-./idem/ ./integration_test/ ./idemhttp/...}
+example=${IDEM_PGBOUNCER_EXAMPLE:-1}
 load_ops=${IDEM_PGBOUNCER_LOAD_OPS:-20000}
 load_mode=${IDEM_PGBOUNCER_LOAD_MODE:-exec}
 gotest_flags=${IDEM_PGBOUNCER_GOTEST:--timeout 5m}
@@ -129,6 +133,15 @@ for mode in $modes; do
       go test -race -count=1 -skip "$skip" $gotest_flags $pkgs; then
     say "FAILED with default_query_exec_mode=$mode"
     status=1
+  fi
+  if [ "$example" != 0 ]; then
+    say "go test ./... in payments_example with default_query_exec_mode=$mode"
+    # shellcheck disable=SC2086 # word lists
+    if ! (cd payments_example && IDEM_TEST_DATABASE_URL=$(bouncer_url "$mode") IDEM_TEST_ADMIN_URL=$upstream \
+        go test -race -count=1 -skip "$skip" $gotest_flags ./...); then
+      say "FAILED: payments_example with default_query_exec_mode=$mode"
+      status=1
+    fi
   fi
 done
 

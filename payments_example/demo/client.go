@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemhq/idem/payments_example/api"
 )
 
 // A payment the client wants made exactly once.
@@ -17,10 +19,11 @@ type payment struct {
 	amount int64  // in cents
 }
 
-// newClient returns the client a careful payer uses: it retries what may
-// not have gone through (a broken connection, a 5xx, a 409 while the first
-// attempt still runs) with a short backoff, and counts the retries.
-func newClient(retries *atomic.Int64) *retryablehttp.Client {
+// newRetryingClient returns the HTTP client a careful payer uses: it
+// retries what may not have gone through (a broken connection, a 5xx, a
+// 409 while the first attempt still runs) with a short backoff, and counts
+// the retries.
+func newRetryingClient(retries *atomic.Int64) *retryablehttp.Client {
 	c := retryablehttp.NewClient()
 	// One connection per attempt. With keep-alive, net/http resends a
 	// request that carries an Idempotency-Key by itself when a reused
@@ -47,17 +50,31 @@ func newClient(retries *atomic.Int64) *retryablehttp.Client {
 	return c
 }
 
-// payAll sends every payment to baseURL/payments from workers goroutines
+// newAPIClient returns the client generated from the service's spec
+// (package api) for the service at baseURL, sending requests through doer
+// and apiKey, if any, as the Bearer token.
+func newAPIClient(baseURL, apiKey string, doer api.HttpRequestDoer) (*api.ClientWithResponses, error) {
+	return api.NewClientWithResponses(baseURL,
+		api.WithHTTPClient(doer),
+		api.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+			if apiKey != "" {
+				req.Header.Set("Authorization", "Bearer "+apiKey)
+			}
+			return nil
+		}))
+}
+
+// payAll sends every payment of plan from workers goroutines through client
 // and returns, per payment, nil if it was answered 201 and the error
 // otherwise.
-func payAll(ctx context.Context, client *retryablehttp.Client, baseURL string, accountID int64, plan []payment, workers int) []error {
+func payAll(ctx context.Context, client *api.ClientWithResponses, accountID int64, plan []payment, workers int) []error {
 	errs := make([]error, len(plan))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for i := range next {
-				errs[i] = pay(ctx, client, baseURL, accountID, plan[i])
+				errs[i] = pay(ctx, client, accountID, plan[i])
 			}
 		})
 	}
@@ -69,21 +86,18 @@ func payAll(ctx context.Context, client *retryablehttp.Client, baseURL string, a
 	return errs
 }
 
-func pay(ctx context.Context, client *retryablehttp.Client, baseURL string, accountID int64, p payment) error {
-	body := fmt.Appendf(nil, `{"account_id": %d, "amount": %d, "currency": "USD"}`, accountID, p.amount)
-	req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/payments", body)
+// pay makes one payment. The retries happen underneath, in the retrying
+// client, which resends the same request: the same Idempotency-Key, the
+// same body.
+func pay(ctx context.Context, client *api.ClientWithResponses, accountID int64, p payment) error {
+	res, err := client.CreatePaymentWithResponse(ctx,
+		&api.CreatePaymentParams{IdempotencyKey: p.key},
+		api.CreatePaymentJSONRequestBody{AccountId: accountID, Amount: p.amount, Currency: api.USD})
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", p.key) // retryablehttp resends the same headers and body
-	res, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	_ = res.Body.Close()
-	if res.StatusCode != http.StatusCreated {
-		return fmt.Errorf("payment %s: status %d", p.key, res.StatusCode)
+	if res.JSON201 == nil {
+		return fmt.Errorf("payment %s: status %d", p.key, res.StatusCode())
 	}
 	return nil
 }

@@ -1,9 +1,11 @@
 // Command demo shows, in a few seconds, what idem guarantees.
 //
-// It starts the payments service, puts a proxy in front of it that loses
-// 30% of the answers after the service has acted, and sends 300 payments
-// through it with a client that retries every failure with the payment's
-// Idempotency-Key. Then it checks the account: with idem, the balance is
+// It starts the payments service, signs up for an account and its API
+// key, puts a proxy in front of the service that loses 30% of the answers
+// after the service has acted, and sends 300 payments through it. The
+// client is the one generated from the service's OpenAPI spec (package
+// api), over a go-retryablehttp client that retries every failure with the
+// payment's Idempotency-Key: spec, server and client, exactly once. Then it checks the account: with idem, the balance is
 // exact. It then sends the same traffic to the same business code without
 // idem, and shows how much money the retries charged twice.
 //
@@ -16,7 +18,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +25,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,6 +32,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 )
 
@@ -77,7 +79,15 @@ func run(ctx context.Context, out io.Writer) (bool, error) {
 		"answers after the service has acted. Every failure is retried with the same key.\n\n",
 		paymentCount, workers, lossRate*100)
 
-	with, err := play(ctx, pool, payments.NewHandler(pool, nil), plan)
+	keys, err := idem.NewClient(pool, nil)
+	if err != nil {
+		return false, err
+	}
+	protected, err := payments.NewHandler(pool, keys, nil)
+	if err != nil {
+		return false, err
+	}
+	with, err := play(ctx, pool, protected, plan)
 	if err != nil {
 		return false, fmt.Errorf("with idem: %w", err)
 	}
@@ -142,14 +152,26 @@ func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []paymen
 	defer stopProxy()
 
 	// The account is opened directly: the experiment is the payments.
-	var account payments.Account
-	if err := call(ctx, http.MethodPost, service+"/accounts",
-		fmt.Sprintf(`{"owner": "demo", "balance": %d}`, openingBalance), &account); err != nil {
+	direct := &http.Client{Timeout: 10 * time.Second}
+	signUp, err := newAPIClient(service, "", direct)
+	if err != nil {
 		return outcome{}, err
 	}
+	created, err := signUp.CreateAccountWithResponse(ctx, api.CreateAccountJSONRequestBody{Owner: "demo", Balance: openingBalance})
+	if err != nil {
+		return outcome{}, err
+	}
+	if created.JSON201 == nil {
+		return outcome{}, fmt.Errorf("sign-up: status %d", created.StatusCode())
+	}
+	account, apiKey := created.JSON201.Id, created.JSON201.ApiKey
 
 	var retries atomic.Int64
-	errs := payAll(ctx, newClient(&retries), proxyURL, account.ID, plan, workers)
+	payer, err := newAPIClient(proxyURL, apiKey, newRetryingClient(&retries).StandardClient())
+	if err != nil {
+		return outcome{}, err
+	}
+	errs := payAll(ctx, payer, account, plan, workers)
 	if err := ctx.Err(); err != nil {
 		return outcome{}, err
 	}
@@ -164,30 +186,20 @@ func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []paymen
 	}
 	o.lost, o.retries, o.replays = proxy.lost.Load(), retries.Load(), proxy.replays.Load()
 
-	if err := call(ctx, http.MethodGet, fmt.Sprintf("%s/accounts/%d", service, account.ID), "", &account); err != nil {
+	owner, err := newAPIClient(service, apiKey, direct)
+	if err != nil {
 		return outcome{}, err
 	}
-	o.actual = account.Balance
-	err = pool.QueryRow(ctx, "select count(*) from payments where account_id = $1", account.ID).Scan(&o.charges)
+	got, err := owner.GetAccountWithResponse(ctx, account)
+	if err != nil {
+		return outcome{}, err
+	}
+	if got.JSON200 == nil {
+		return outcome{}, fmt.Errorf("read the account: status %d", got.StatusCode())
+	}
+	o.actual = got.JSON200.Balance
+	err = pool.QueryRow(ctx, "select count(*) from payments where account_id = $1", account).Scan(&o.charges)
 	return o, err
-}
-
-// call sends one request straight to the service and decodes its JSON answer.
-func call(ctx context.Context, method, url, body string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer res.Body.Close()
-	if res.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: status %d", method, url, res.StatusCode)
-	}
-	return json.NewDecoder(res.Body).Decode(v)
 }
 
 func report(out io.Writer, with, without outcome) {

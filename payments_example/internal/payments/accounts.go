@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/payments_example/api"
 )
 
 var (
@@ -19,13 +20,6 @@ var (
 	getAccountSQL string
 )
 
-// Account is an account as the API shows it. Balance is in minor units.
-type Account struct {
-	ID      int64  `json:"id"`
-	Owner   string `json:"owner"`
-	Balance int64  `json:"balance"`
-}
-
 // ErrNoAccount means the account does not exist.
 var ErrNoAccount = errors.New("payments: no such account")
 
@@ -34,60 +28,62 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func createAccount(ctx context.Context, tx pgx.Tx, owner string, balance int64) (Account, error) {
-	var a Account
-	err := tx.QueryRow(ctx, createAccountSQL, owner, balance).Scan(&a.ID, &a.Owner, &a.Balance)
-	if err != nil {
-		return Account{}, fmt.Errorf("payments: create account: %w", err)
-	}
-	return a, nil
-}
-
-func getAccount(ctx context.Context, q querier, id int64) (Account, error) {
-	var a Account
-	err := q.QueryRow(ctx, getAccountSQL, id).Scan(&a.ID, &a.Owner, &a.Balance)
+func getAccount(ctx context.Context, q querier, id int64) (api.Account, error) {
+	var a api.Account
+	err := q.QueryRow(ctx, getAccountSQL, id).Scan(&a.Id, &a.Owner, &a.Balance)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Account{}, ErrNoAccount
+		return api.Account{}, ErrNoAccount
 	}
 	if err != nil {
-		return Account{}, fmt.Errorf("payments: read account: %w", err)
+		return api.Account{}, fmt.Errorf("payments: read account: %w", err)
 	}
 	return a, nil
 }
 
-type createAccountRequest struct {
-	Owner   string `json:"owner"`
-	Balance *int64 `json:"balance"` // a pointer, so that a missing balance is an error, not 0
-}
-
-// handleCreateAccount serves POST /accounts.
-func (s *service) handleCreateAccount(r *http.Request, tx pgx.Tx) reply {
-	var req createAccountRequest
-	if rep, ok := decode(r, &req); !ok {
-		return rep
+// CreateAccount serves POST /accounts, the sign-up: it opens an account and
+// answers it with a new API key, which is shown this once; only its hash
+// is stored.
+//
+// Sign-up is open and not idempotent: its answer holds a secret, and an
+// answer stored under an Idempotency-Key is replayed to whoever sends the
+// key again. Without an account there is no scope to keep anonymous
+// clients' keys apart, so a guessed or leaked key would hand out another
+// client's API key, and the key table would hold the secret for a day.
+func (s *server) CreateAccount(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateAccountRequest
+	if rep, ok := decode(r, &req, "owner", "balance"); !ok {
+		rep.write(w)
+		return
 	}
-	switch {
-	case strings.TrimSpace(req.Owner) == "":
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "owner is required")
-	case req.Balance == nil:
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "balance is required (an integer in minor units)")
-	case *req.Balance < 0:
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "balance must not be negative")
+	if detail, ok := validOwner(req.Owner); !ok {
+		invalid(detail).write(w)
+		return
 	}
-	a, err := createAccount(r.Context(), tx, req.Owner, *req.Balance)
+	if req.Balance < 0 {
+		invalid("balance must not be negative").write(w)
+		return
+	}
+	key, hash := newAPIKey()
+	a := api.AccountCreated{ApiKey: key}
+	err := s.pool.QueryRow(r.Context(), createAccountSQL, req.Owner, req.Balance, hash).Scan(&a.Id, &a.Owner, &a.Balance)
 	if err != nil {
-		return s.internal(r, err)
+		s.internal(r, fmt.Errorf("payments: create account: %w", err)).write(w)
+		return
 	}
 	rep := respond(http.StatusCreated, a)
-	rep.header = http.Header{"Location": {"/accounts/" + strconv.FormatInt(a.ID, 10)}}
-	return rep
+	rep.header = http.Header{
+		"Location":      {"/accounts/" + strconv.FormatInt(a.Id, 10)},
+		"Cache-Control": {"no-store"},
+	}
+	rep.write(w)
 }
 
-// handleGetAccount serves GET /accounts/{id}. It reads through the pool:
-// a read needs neither a transaction nor a key.
-func (s *service) handleGetAccount(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
+// GetAccount serves GET /accounts/{id} for the API key's own account.
+// Another account is answered 404, exactly as a missing one, so that a
+// client cannot learn which accounts exist. It reads through the pool: a
+// read needs neither a transaction nor a key.
+func (s *server) GetAccount(w http.ResponseWriter, r *http.Request, id int64) {
+	if own, _ := accountFrom(r.Context()); id != own {
 		fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account").write(w)
 		return
 	}

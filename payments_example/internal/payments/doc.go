@@ -1,13 +1,21 @@
 // Package payments is the business code of the payments example: accounts,
-// payments and the HTTP API that serves them.
+// API keys, payments, and the HTTP API that serves them, which implements
+// the server interface generated from ../../openapi.yaml (package api).
 //
-// Every write runs in the request's transaction. NewHandler puts the write
-// endpoints behind idemhttp, so the Idempotency-Key, the charge and the
-// stored answer commit together or not at all: a client that lost an answer
+// Clients sign up with POST /accounts and receive an API key, shown once
+// and stored only as its SHA-256 hash. Every other operation but the health
+// check and the spec requires the key as a Bearer token and acts on its own
+// account only; another account's resources are answered 404, as missing
+// ones.
+//
+// Every payment runs in the request's transaction. NewHandler puts
+// POST /payments behind idemhttp, with the API key's account as the
+// idempotency scope, so the Idempotency-Key, the charge and the stored
+// answer commit together or not at all: a client that lost an answer
 // retries with the same key and receives the first answer again, without a
-// second charge. NewUnprotectedHandler serves the same endpoints with the
-// same business code in a plain transaction per request, without key
-// handling; the demo runs both to show what the key prevents.
+// second charge. NewUnprotectedHandler serves the same API with the same
+// business code in a plain transaction per payment, without key handling;
+// the demo runs both to show what the key prevents.
 //
 // The charge itself is a single conditional UPDATE (sql/charge.sql), so no
 // amount of concurrency can take a balance below zero; a CHECK constraint

@@ -12,121 +12,159 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
+	"github.com/idemhq/idem/payments_example/api"
 )
 
-// NewHandler returns the service's HTTP API:
+// NewHandler returns the service's HTTP API, as ../../openapi.yaml
+// describes it and package api routes it:
 //
-//	GET  /healthz        200 when the database answers
-//	POST /accounts       201 Account; Idempotency-Key optional
-//	GET  /accounts/{id}  200 Account, 404
-//	POST /payments       201 Payment; Idempotency-Key required
+//	GET  /healthz        open; 200 when the database answers
+//	GET  /openapi.yaml   open; the API's OpenAPI document
+//	POST /accounts       open (sign-up); 201 with the account's API key
+//	GET  /accounts/{id}  API key; 200 Account, 404 for another account's
+//	POST /payments       API key and Idempotency-Key; 201 Payment
 //
-// The write endpoints run behind idemhttp in the request's transaction.
-// log receives the errors answered with 5xx; nil discards them.
-//
-// The example has no authentication, so every client shares one key
-// namespace. A real service passes idemhttp.WithScope with the
-// authenticated principal, so that one client can never replay another's
-// stored answer.
-func NewHandler(pool *pgxpool.Pool, log *slog.Logger) http.Handler {
-	s := newService(pool, log)
-	keyRequired := idemhttp.New(pool, idemhttp.WithRequired(true), idemhttp.WithMaxBodyBytes(MaxBodyBytes))
-	keyOptional := idemhttp.New(pool, idemhttp.WithMaxBodyBytes(MaxBodyBytes))
-	return s.routes(
-		func(e endpoint) http.Handler { return keyOptional(inRequestTx(s, e)) }, // POST /accounts
-		func(e endpoint) http.Handler { return keyRequired(inRequestTx(s, e)) }, // POST /payments
-	)
+// POST /payments runs behind idemhttp, configured on keys (an idem.Client
+// on pool), with the API key's account as the idempotency scope. log
+// receives the errors answered with 5xx; nil discards them.
+func NewHandler(pool *pgxpool.Pool, keys *idem.Client, log *slog.Logger) (http.Handler, error) {
+	s := newServer(pool, log)
+	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{
+		Required:     true,
+		MaxBodyBytes: MaxBodyBytes,
+		Logger:       s.log,
+		// The scope is the account that requireAccount, in front, put in
+		// the context (the default Config.Scope reads it there).
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.payWrite = s.inRequestTx
+	return s.routes(mw.Handler), nil
 }
 
-// NewUnprotectedHandler returns the same API with the same business code,
-// each write in a plain transaction of its own and the Idempotency-Key
-// ignored: a retried payment is charged again. It exists to show what
-// NewHandler prevents; never serve it.
+// NewUnprotectedHandler returns the same API with the same business code
+// and the same authentication, each payment in a plain transaction of its
+// own and the Idempotency-Key ignored: a retried payment is charged again.
+// It exists to show what NewHandler prevents; never serve it.
 func NewUnprotectedHandler(pool *pgxpool.Pool, log *slog.Logger) http.Handler {
-	s := newService(pool, log)
-	plain := func(e endpoint) http.Handler { return inPlainTx(s, e) }
-	return s.routes(plain, plain)
+	s := newServer(pool, log)
+	s.payWrite = s.inPlainTx
+	return s.routes(func(h http.Handler) http.Handler { return h })
 }
 
-// service holds what the handlers share; there is no package-level state.
-type service struct {
+// server implements api.ServerInterface; there is no package-level state.
+type server struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
+	// payWrite runs POST /payments's endpoint in a transaction and writes
+	// its answer once the transaction is settled.
+	payWrite func(w http.ResponseWriter, r *http.Request, e endpoint)
 }
 
-func newService(pool *pgxpool.Pool, log *slog.Logger) *service {
+var _ api.ServerInterface = (*server)(nil)
+
+func newServer(pool *pgxpool.Pool, log *slog.Logger) *server {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &service{pool: pool, log: log}
+	return &server{pool: pool, log: log}
 }
 
 // An endpoint does a request's work in tx and says what to answer. It does
 // not write the answer itself: the transaction is settled first.
 type endpoint func(r *http.Request, tx pgx.Tx) reply
 
-// routes mounts the API; accountsTx and paymentsTx wrap the write endpoints
-// in their transaction handling.
-func (s *service) routes(accountsTx, paymentsTx func(endpoint) http.Handler) http.Handler {
+// routes puts authentication and idempotency in front of the generated
+// router. Every operation requires an API key unless it is listed as open
+// here, so an operation added to the spec is closed until it is opened on
+// purpose; a test checks this list against the spec's security.
+// idempotent wraps the operations that take an Idempotency-Key.
+func (s *server) routes(idempotent func(http.Handler) http.Handler) http.Handler {
+	generated := api.HandlerWithOptions(s, api.StdHTTPServerOptions{ErrorHandlerFunc: s.badParameter})
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", s.handleHealthz)
-	mux.Handle("POST /accounts", accountsTx(s.handleCreateAccount))
-	mux.HandleFunc("GET /accounts/{id}", s.handleGetAccount)
-	mux.Handle("POST /payments", paymentsTx(s.handlePayment))
+	mux.Handle("/", s.requireAccount(generated))
+	mux.Handle("GET /healthz", generated)
+	mux.Handle("GET /openapi.yaml", generated)
+	mux.Handle("POST /accounts", generated)
+	mux.Handle("POST /payments", s.requireAccount(idempotent(generated)))
 	return mux
 }
 
+// badParameter answers a request whose parameters the generated router
+// cannot parse. The error is not echoed: it holds the client's bytes.
+func (s *server) badParameter(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		format  *api.InvalidParamFormatError
+		missing *api.RequiredHeaderError
+	)
+	switch {
+	case errors.As(err, &format) && format.ParamName == "id":
+		// Not a number is not an account: the same 404 as any other.
+		fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account").write(w)
+	case errors.As(err, &missing) && missing.ParamName == idemhttp.HeaderKey:
+		fail(http.StatusBadRequest, idemhttp.ProblemMissingKey, "this request needs an "+idemhttp.HeaderKey+" header").write(w)
+	default:
+		fail(http.StatusBadRequest, ProblemInvalidRequest, "a parameter of the request is not valid").write(w)
+	}
+}
+
 // inRequestTx runs e in the transaction idemhttp opened for the request.
-// idemhttp commits it with a 2xx answer and the key, rolls it back on 4xx
-// (keeping the answer for replays) and on 5xx (freeing the key).
-func inRequestTx(s *service, e endpoint) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx := idemhttp.Tx(r.Context())
-		if tx == nil {
-			s.internal(r, errors.New("no request transaction: the endpoint is not behind idemhttp")).write(w)
-			return
-		}
-		e(r, tx).write(w)
-	})
+// idemhttp commits it with a 2xx answer and the key, rolls it back and
+// keeps the answer on a stored refusal (402, 404), and rolls it back and
+// frees the key otherwise (400, 5xx).
+func (s *server) inRequestTx(w http.ResponseWriter, r *http.Request, e endpoint) {
+	tx := idemhttp.Tx(r.Context())
+	if tx == nil {
+		// A wiring mistake: never charge outside idemhttp.
+		s.internal(r, errors.New("no request transaction: the endpoint is not behind idemhttp")).write(w)
+		return
+	}
+	e(r, tx).write(w)
 }
 
-// inPlainTx runs e in a transaction of its own, committed when the answer is
-// below 400, and answers only after the commit.
-func inPlainTx(s *service, e endpoint) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		tx, err := s.pool.Begin(ctx)
-		if err != nil {
-			s.internal(r, err).write(w)
-			return
+// inPlainTx runs e in a transaction of its own, committed when the answer
+// is below 400, and answers only after the commit.
+func (s *server) inPlainTx(w http.ResponseWriter, r *http.Request, e endpoint) {
+	ctx := r.Context()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		s.internal(r, err).write(w)
+		return
+	}
+	// The rollback must reach the server even if the client went away.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rep := e(r, tx)
+	if rep.status < 400 {
+		if err := tx.Commit(ctx); err != nil {
+			rep = s.internal(r, err)
 		}
-		// The rollback must reach the server even if the client went away.
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		rep := e(r, tx)
-		if rep.status < 400 {
-			if err := tx.Commit(ctx); err != nil {
-				rep = s.internal(r, err)
-			}
-		}
-		rep.write(w)
-	})
+	}
+	rep.write(w)
 }
 
-// handleHealthz serves GET /healthz: 200 once the database answers.
-func (s *service) handleHealthz(w http.ResponseWriter, r *http.Request) {
+// GetHealth serves GET /healthz: 200 once the database answers.
+func (s *server) GetHealth(w http.ResponseWriter, r *http.Request) {
 	if err := s.pool.Ping(r.Context()); err != nil {
 		s.log.WarnContext(r.Context(), "health check: database unreachable", "err", err)
 		fail(http.StatusServiceUnavailable, idemhttp.ProblemUnavailable, "the database does not answer").write(w)
 		return
 	}
-	respond(http.StatusOK, map[string]string{"status": "ok"}).write(w)
+	respond(http.StatusOK, api.Health{Status: api.Ok}).write(w)
+}
+
+// GetOpenAPI serves GET /openapi.yaml: the spec with every reference
+// resolved.
+func (s *server) GetOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, _ = w.Write(api.Spec())
 }
 
 // internal logs err and answers 5xx, which rolls the transaction back and
 // leaves the key free: a retry with the same key runs again. Failures that
 // may pass (a serialization failure, a lost connection) are answered 503
 // with Retry-After, so clients know to retry.
-func (s *service) internal(r *http.Request, err error) reply {
+func (s *server) internal(r *http.Request, err error) reply {
 	s.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	if idem.Retryable(err) {
 		return fail(http.StatusServiceUnavailable, idemhttp.ProblemUnavailable, "a transient failure; retry with the same Idempotency-Key")

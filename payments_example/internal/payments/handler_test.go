@@ -18,32 +18,64 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/payments_example/internal/spectest"
 )
 
 // env is one test's service: its own database, the handler under test
-// served by httptest, and the pool to check the database with.
+// served by httptest, a client whose every request and response is checked
+// against the OpenAPI spec, and the pool to check the database with.
 type env struct {
-	t    *testing.T
-	pool *pgxpool.Pool
-	srv  *httptest.Server
+	t      *testing.T
+	pool   *pgxpool.Pool
+	srv    *httptest.Server
+	client *http.Client
 }
 
-func setup(t *testing.T, handler func(*pgxpool.Pool) http.Handler) *env {
+func setup(t *testing.T, handler func(testing.TB, *pgxpool.Pool) http.Handler) *env {
 	t.Helper()
 	pool := testdb.New(t)
 	if err := payments.Migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(handler(pool))
+	srv := httptest.NewServer(handler(t, pool))
 	t.Cleanup(srv.Close)
-	return &env{t: t, pool: pool, srv: srv}
+	client := &http.Client{Transport: spectest.New(t).Transport(t, srv.Client().Transport)}
+	return &env{t: t, pool: pool, srv: srv, client: client}
 }
 
-func protected(pool *pgxpool.Pool) http.Handler   { return payments.NewHandler(pool, nil) }
-func unprotected(pool *pgxpool.Pool) http.Handler { return payments.NewUnprotectedHandler(pool, nil) }
+func protected(t testing.TB, pool *pgxpool.Pool) http.Handler {
+	keys, err := idem.NewClient(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := payments.NewHandler(pool, keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func unprotected(_ testing.TB, pool *pgxpool.Pool) http.Handler {
+	return payments.NewUnprotectedHandler(pool, nil)
+}
+
+// request is one request of a test. An empty auth or key sends no
+// Authorization or Idempotency-Key header.
+type request struct {
+	method, path string
+	auth         string // the API key
+	key          string // the Idempotency-Key
+	body         string
+	header       http.Header // more headers
+	// invalid marks a request the test sends outside the spec on purpose;
+	// its response is still checked against the spec.
+	invalid bool
+}
 
 type response struct {
 	status int
@@ -51,22 +83,33 @@ type response struct {
 	body   []byte
 }
 
-func (r response) replayed() bool { return r.header.Get("Idempotent-Replayed") == "true" }
+func (r response) replayed() bool { return r.header.Get(idemhttp.HeaderReplayed) == "true" }
 
-// do sends one request; key "" sends no Idempotency-Key header. It is safe
-// to call from several goroutines.
-func (e *env) do(method, path, key, body string) response {
+// send sends one request. It is safe to call from several goroutines.
+func (e *env) send(rq request) response {
 	e.t.Helper()
-	req, err := http.NewRequestWithContext(e.t.Context(), method, e.srv.URL+path, strings.NewReader(body))
+	ctx := e.t.Context()
+	if rq.invalid {
+		ctx = spectest.ExpectInvalidRequest(ctx)
+	}
+	req, err := http.NewRequestWithContext(ctx, rq.method, e.srv.URL+rq.path, strings.NewReader(rq.body))
 	if err != nil {
 		e.t.Error(err)
 		return response{}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+	for k, v := range rq.header {
+		req.Header[k] = v
 	}
-	res, err := e.srv.Client().Do(req)
+	if rq.body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if rq.auth != "" {
+		req.Header.Set("Authorization", "Bearer "+rq.auth)
+	}
+	if rq.key != "" {
+		req.Header.Set(idemhttp.HeaderKey, rq.key)
+	}
+	res, err := e.client.Do(req)
 	if err != nil {
 		e.t.Error(err)
 		return response{}
@@ -79,13 +122,20 @@ func (e *env) do(method, path, key, body string) response {
 	return response{status: res.StatusCode, header: res.Header, body: b}
 }
 
-func (e *env) createAccount(owner string, balance int64) payments.Account {
+// pay sends POST /payments with the API key auth and the Idempotency-Key.
+func (e *env) pay(auth, key, body string) response {
 	e.t.Helper()
-	res := e.do("POST", "/accounts", "", fmt.Sprintf(`{"owner": %q, "balance": %d}`, owner, balance))
+	return e.send(request{method: "POST", path: "/payments", auth: auth, key: key, body: body})
+}
+
+// signUp opens an account and returns it with its API key.
+func (e *env) signUp(owner string, balance int64) api.AccountCreated {
+	e.t.Helper()
+	res := e.send(request{method: "POST", path: "/accounts", body: fmt.Sprintf(`{"owner": %q, "balance": %d}`, owner, balance)})
 	if res.status != http.StatusCreated {
-		e.t.Fatalf("create account: %d %s", res.status, res.body)
+		e.t.Fatalf("sign up: %d %s", res.status, res.body)
 	}
-	var a payments.Account
+	var a api.AccountCreated
 	decodeInto(e.t, res, &a)
 	return a
 }
@@ -109,6 +159,16 @@ func (e *env) payments(accountID int64) int {
 	return n
 }
 
+// keys counts the rows of the idempotency key table.
+func (e *env) keys() int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(e.t.Context(), "select count(*) from idempotency_keys").Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
 func decodeInto(t *testing.T, res response, v any) {
 	t.Helper()
 	if err := json.Unmarshal(res.body, v); err != nil {
@@ -125,7 +185,7 @@ func payment(accountID, amount int64) string {
 func wantProblem(t *testing.T, res response, status int, typ string) {
 	t.Helper()
 	if res.status != status {
-		t.Fatalf("status %d, want %d; body %s", res.status, status, res.body)
+		t.Fatalf("status %d, want %d; body %.300s", res.status, status, res.body)
 	}
 	if ct := res.header.Get("Content-Type"); !strings.HasPrefix(ct, "application/problem+json") {
 		t.Errorf("Content-Type %q, want application/problem+json", ct)
@@ -143,8 +203,25 @@ func wantProblem(t *testing.T, res response, status int, typ string) {
 func TestHealthz(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
-	if res := e.do("GET", "/healthz", "", ""); res.status != http.StatusOK {
+	if res := e.send(request{method: "GET", path: "/healthz"}); res.status != http.StatusOK {
 		t.Fatalf("GET /healthz: %d %s", res.status, res.body)
+	}
+}
+
+// TestOpenAPIServed checks that GET /openapi.yaml serves the bundled spec,
+// which loads and validates on its own.
+func TestOpenAPIServed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	res := e.send(request{method: "GET", path: "/openapi.yaml"})
+	if res.status != http.StatusOK || res.header.Get("Content-Type") != "application/yaml" {
+		t.Fatalf("GET /openapi.yaml: %d %s", res.status, res.header.Get("Content-Type"))
+	}
+	if !bytes.Equal(res.body, api.Spec()) {
+		t.Fatal("GET /openapi.yaml does not serve api.Spec()")
+	}
+	if _, err := spectest.Load(t.Context()); err != nil {
+		t.Fatalf("the served document does not stand on its own: %v", err)
 	}
 }
 
@@ -152,65 +229,336 @@ func TestAccounts(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
 
-	t.Run("create and read", func(t *testing.T) {
-		a := e.createAccount("ada", 5000)
-		if a.ID <= 0 || a.Owner != "ada" || a.Balance != 5000 {
+	t.Run("sign up and read", func(t *testing.T) {
+		res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "ada", "balance": 5000}`})
+		if res.status != http.StatusCreated || res.header.Get("Cache-Control") != "no-store" {
+			t.Fatalf("sign up: %d, Cache-Control %q", res.status, res.header.Get("Cache-Control"))
+		}
+		var a api.AccountCreated
+		decodeInto(t, res, &a)
+		if a.Id <= 0 || a.Owner != "ada" || a.Balance != 5000 {
 			t.Fatalf("created %+v", a)
 		}
-		res := e.do("GET", fmt.Sprintf("/accounts/%d", a.ID), "", "")
-		var got payments.Account
-		decodeInto(t, res, &got)
-		if res.status != http.StatusOK || got != a {
-			t.Fatalf("GET: %d %+v, want %+v", res.status, got, a)
+		if loc := res.header.Get("Location"); loc != fmt.Sprintf("/accounts/%d", a.Id) {
+			t.Errorf("Location %q", loc)
+		}
+		got := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id), auth: a.ApiKey})
+		var read api.Account
+		decodeInto(t, got, &read)
+		if got.status != http.StatusOK || read != (api.Account{Id: a.Id, Owner: "ada", Balance: 5000}) {
+			t.Fatalf("GET: %d %+v", got.status, read)
 		}
 	})
 
 	t.Run("unknown account is 404", func(t *testing.T) {
-		wantProblem(t, e.do("GET", "/accounts/999999", "", ""), http.StatusNotFound, payments.ProblemNoSuchAccount)
-		wantProblem(t, e.do("GET", "/accounts/abc", "", ""), http.StatusNotFound, payments.ProblemNoSuchAccount)
+		a := e.signUp("ann", 1)
+		wantProblem(t, e.send(request{method: "GET", path: "/accounts/999999", auth: a.ApiKey}), http.StatusNotFound, payments.ProblemNoSuchAccount)
+		wantProblem(t, e.send(request{method: "GET", path: "/accounts/abc", auth: a.ApiKey, invalid: true}), http.StatusNotFound, payments.ProblemNoSuchAccount)
 	})
 
 	t.Run("invalid input is 400", func(t *testing.T) {
 		for name, body := range map[string]string{
-			"empty owner":      `{"owner": " ", "balance": 1}`,
-			"missing owner":    `{"balance": 1}`,
-			"negative balance": `{"owner": "bob", "balance": -1}`,
-			"missing balance":  `{"owner": "bob"}`,
-			"fractional":       `{"owner": "bob", "balance": 1.5}`,
-			"unknown field":    `{"owner": "bob", "balance": 1, "overdraft": 100}`,
-			"malformed":        `{"owner": "bob",`,
-			"two documents":    `{"owner": "bob", "balance": 1} {}`,
+			"empty owner":          `{"owner": " ", "balance": 1}`,
+			"missing owner":        `{"balance": 1}`,
+			"negative balance":     `{"owner": "bob", "balance": -1}`,
+			"missing balance":      `{"owner": "bob"}`,
+			"null balance":         `{"owner": "bob", "balance": null}`,
+			"fractional":           `{"owner": "bob", "balance": 1.5}`,
+			"unknown field":        `{"owner": "bob", "balance": 1, "overdraft": 100}`,
+			"field in other case":  `{"OWNER": "bob", "balance": 1}`,
+			"field twice":          `{"owner": "bob", "balance": 1, "balance": 2}`,
+			"malformed":            `{"owner": "bob",`,
+			"two documents":        `{"owner": "bob", "balance": 1} {}`,
+			"not an object":        `["bob", 1]`,
+			"empty":                ``,
+			"owner with NUL":       `{"owner": "bo\u0000b", "balance": 1}`,
+			"owner with a newline": `{"owner": "bo\nb", "balance": 1}`,
+			"owner with C1":        `{"owner": "bo\u0085b", "balance": 1}`,
+			"owner too long":       `{"owner": "` + strings.Repeat("é", 101) + `", "balance": 1}`,
+			"invalid UTF-8":        "{\"owner\": \"bo\xffb\", \"balance\": 1}",
 		} {
 			t.Run(name, func(t *testing.T) {
-				wantProblem(t, e.do("POST", "/accounts", "", body), http.StatusBadRequest, payments.ProblemInvalidRequest)
+				wantProblem(t, e.send(request{method: "POST", path: "/accounts", body: body, invalid: true}), http.StatusBadRequest, payments.ProblemInvalidRequest)
 			})
+		}
+		var n int
+		if err := e.pool.QueryRow(t.Context(), "select count(*) from accounts where owner like 'bo%'").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d accounts created from invalid bodies (%v)", n, err)
 		}
 	})
 
-	t.Run("with a key it is created once", func(t *testing.T) {
-		body := `{"owner": "grace", "balance": 700}`
-		first := e.do("POST", "/accounts", "acct-key-1", body)
-		again := e.do("POST", "/accounts", "acct-key-1", body)
-		if first.status != http.StatusCreated || again.status != http.StatusCreated {
-			t.Fatalf("statuses %d, %d", first.status, again.status)
-		}
-		if !bytes.Equal(first.body, again.body) || !again.replayed() || first.replayed() {
-			t.Fatalf("replay: %s (replayed=%v), first %s", again.body, again.replayed(), first.body)
-		}
-		var n int
-		if err := e.pool.QueryRow(t.Context(), "select count(*) from accounts where owner = 'grace'").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n != 1 {
-			t.Fatalf("%d accounts created, want 1", n)
-		}
+	t.Run("owner of 200 bytes is accepted", func(t *testing.T) {
+		e.signUp(strings.Repeat("é", 100), 1)
 	})
 
 	t.Run("body over 1 MiB is 413", func(t *testing.T) {
 		big := `{"owner": "` + strings.Repeat("x", payments.MaxBodyBytes) + `", "balance": 1}`
-		wantProblem(t, e.do("POST", "/accounts", "", big), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
-		wantProblem(t, e.do("POST", "/accounts", "big-account", big), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
+		wantProblem(t, e.send(request{method: "POST", path: "/accounts", body: big, invalid: true}), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
 	})
+}
+
+// TestOwnerWithNUL is the review's finding: an owner holding NUL reached
+// PostgreSQL, whose text type refused it, and the service answered 500.
+func TestOwnerWithNUL(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "\u0000", "balance": 1}`, invalid: true})
+	wantProblem(t, res, http.StatusBadRequest, payments.ProblemInvalidRequest)
+	if !bytes.Contains(res.body, []byte("control characters")) {
+		t.Errorf("detail %s does not say what is wrong", res.body)
+	}
+}
+
+// TestSignUpKeyShownOnce checks the API key: recognisable, shown in the
+// sign-up answer only, stored only as its SHA-256 hash, never in the key
+// table, and a new one for every sign-up, Idempotency-Key or not.
+func TestSignUpKeyShownOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	a := e.signUp("kim", 10)
+	if !strings.HasPrefix(a.ApiKey, payments.APIKeyPrefix) || len(a.ApiKey) != 46 {
+		t.Fatalf("api_key %q, want sk_ and 43 base64url characters", a.ApiKey)
+	}
+	var stored []byte
+	var matches bool
+	err := e.pool.QueryRow(t.Context(),
+		"select api_key_sha256, api_key_sha256 = sha256(convert_to($2, 'UTF8')) from accounts where id = $1",
+		a.Id, a.ApiKey).Scan(&stored, &matches)
+	if err != nil || !matches {
+		t.Fatalf("stored %x is not the SHA-256 of the key (%v)", stored, err)
+	}
+	var leaks int
+	err = e.pool.QueryRow(t.Context(), `select
+		(select count(*) from accounts a where a::text like '%' || $1 || '%') +
+		(select count(*) from idempotency_keys k where k::text like '%' || $1 || '%' or encode(k.response, 'escape') like '%' || $1 || '%')`,
+		a.ApiKey).Scan(&leaks)
+	if err != nil || leaks != 0 {
+		t.Fatalf("the key itself is stored in %d rows (%v)", leaks, err)
+	}
+	got := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id), auth: a.ApiKey})
+	if got.status != http.StatusOK || bytes.Contains(got.body, []byte(a.ApiKey)) || bytes.Contains(got.body, []byte("api_key")) {
+		t.Fatalf("GET shows the key again: %d %s", got.status, got.body)
+	}
+
+	// Sign-up is not idempotent: a key header changes nothing, and a
+	// second sign-up never replays the first one's secret.
+	body := `{"owner": "lee", "balance": 1}`
+	first := e.send(request{method: "POST", path: "/accounts", key: "signup-1", body: body})
+	again := e.send(request{method: "POST", path: "/accounts", key: "signup-1", body: body})
+	var x, y api.AccountCreated
+	decodeInto(t, first, &x)
+	decodeInto(t, again, &y)
+	if again.replayed() || x.ApiKey == y.ApiKey || x.Id == y.Id {
+		t.Fatalf("second sign-up replayed=%v, same key %v, same account %v", again.replayed(), x.ApiKey == y.ApiKey, x.Id == y.Id)
+	}
+	if n := e.keys(); n != 0 {
+		t.Fatalf("%d idempotency keys stored by sign-ups", n)
+	}
+}
+
+// TestAuthentication checks that every operation but the open ones needs
+// a valid API key: without one the answer is 401 with WWW-Authenticate:
+// Bearer, nothing runs, and nothing is stored under the Idempotency-Key.
+func TestAuthentication(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	a := e.signUp("ada", 1000)
+	other := e.signUp("bob", 1000)
+	wrongKey := payments.APIKeyPrefix + strings.Repeat("A", 43)
+
+	cases := map[string]http.Header{
+		"no Authorization":    nil,
+		"a wrong key":         {"Authorization": {"Bearer " + wrongKey}},
+		"a malformed key":     {"Authorization": {"Bearer not-a-key"}},
+		"another scheme":      {"Authorization": {"Basic " + a.ApiKey}},
+		"two keys":            {"Authorization": {"Bearer " + a.ApiKey, "Bearer " + other.ApiKey}},
+		"the scheme only":     {"Authorization": {"Bearer"}},
+		"a key with a suffix": {"Authorization": {"Bearer " + a.ApiKey + "x"}},
+	}
+	for name, h := range cases {
+		t.Run(name, func(t *testing.T) {
+			for _, rq := range []request{
+				{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id)},
+				{method: "POST", path: "/payments", key: "auth-" + name, body: payment(a.Id, 10)},
+			} {
+				rq.header = h
+				res := e.send(rq)
+				wantProblem(t, res, http.StatusUnauthorized, idemhttp.ProblemUnauthorized)
+				if ch := res.header.Get("WWW-Authenticate"); !strings.HasPrefix(ch, "Bearer") {
+					t.Errorf("%s %s: WWW-Authenticate %q, want a Bearer challenge", rq.method, rq.path, ch)
+				}
+			}
+		})
+	}
+	if n := e.keys(); n != 0 {
+		t.Fatalf("%d idempotency keys stored by 401 answers", n)
+	}
+	if got := e.balance(a.Id); got != 1000 {
+		t.Fatalf("balance %d after unauthenticated payments, want 1000", got)
+	}
+
+	t.Run("the scheme is case-insensitive", func(t *testing.T) {
+		res := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id), header: http.Header{"Authorization": {"bearer " + a.ApiKey}}})
+		if res.status != http.StatusOK {
+			t.Fatalf("%d %s", res.status, res.body)
+		}
+	})
+
+	t.Run("a 401 leaves the key free", func(t *testing.T) {
+		key := "auth-then-ok"
+		wantProblem(t, e.send(request{method: "POST", path: "/payments", key: key, body: payment(a.Id, 10)}), http.StatusUnauthorized, idemhttp.ProblemUnauthorized)
+		res := e.pay(a.ApiKey, key, payment(a.Id, 10))
+		if res.status != http.StatusCreated || res.replayed() {
+			t.Fatalf("with the API key: %d replayed=%v %s", res.status, res.replayed(), res.body)
+		}
+	})
+}
+
+// TestSecurityMatchesSpec checks the service's list of open operations
+// against the spec: every operation the spec secures with bearerAuth
+// answers 401 without an API key, and no open one does.
+func TestSecurityMatchesSpec(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	doc := spectest.New(t).Doc()
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			security := doc.Security
+			if op.Security != nil {
+				security = *op.Security
+			}
+			secured := len(security) > 0
+			rq := request{method: method, path: strings.ReplaceAll(path, "{id}", "1"), invalid: true}
+			if method == http.MethodPost {
+				rq.body, rq.key = "{}", "security-"+op.OperationID
+			}
+			res := e.send(rq)
+			if got := res.status == http.StatusUnauthorized; got != secured {
+				t.Errorf("%s %s: status %d without an API key; the spec secures it: %v", method, path, res.status, secured)
+			}
+		}
+	}
+}
+
+// TestOtherAccountsAreNotFound checks that an API key reaches only its own
+// account: another account's is answered 404, as a missing one, for reads
+// and for payments, and its money does not move.
+func TestOtherAccountsAreNotFound(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	alice := e.signUp("alice", 1000)
+	mallory := e.signUp("mallory", 1000)
+
+	missing := e.send(request{method: "GET", path: "/accounts/999999", auth: mallory.ApiKey})
+	foreign := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", alice.Id), auth: mallory.ApiKey})
+	wantProblem(t, foreign, http.StatusNotFound, payments.ProblemNoSuchAccount)
+	if !bytes.Equal(foreign.body, missing.body) {
+		t.Errorf("another account's 404 %s differs from a missing one's %s", foreign.body, missing.body)
+	}
+	wantProblem(t, e.pay(mallory.ApiKey, "steal-1", payment(alice.Id, 500)), http.StatusNotFound, payments.ProblemNoSuchAccount)
+	if got, n := e.balance(alice.Id), e.payments(alice.Id); got != 1000 || n != 0 {
+		t.Fatalf("alice: balance %d with %d payments after mallory's attempt", got, n)
+	}
+}
+
+// TestKeysScopedByPrincipal checks that idempotency keys are scoped by the
+// API key's account: the same Idempotency-Key sent by two accounts is two
+// unrelated keys, and an account resending another's key and body is
+// answered for itself (404: the account is not its own), never with the
+// other account's stored answer.
+func TestKeysScopedByPrincipal(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	alice := e.signUp("alice", 1000)
+	bob := e.signUp("bob", 1000)
+	const key = "shared-key"
+
+	fromAlice := e.pay(alice.ApiKey, key, payment(alice.Id, 100))
+	fromBob := e.pay(bob.ApiKey, key, payment(bob.Id, 200))
+	if fromAlice.status != http.StatusCreated || fromBob.status != http.StatusCreated || fromBob.replayed() {
+		t.Fatalf("alice %d, bob %d (replayed=%v): want both charged", fromAlice.status, fromBob.status, fromBob.replayed())
+	}
+	if e.balance(alice.Id) != 900 || e.balance(bob.Id) != 800 {
+		t.Fatalf("balances %d and %d, want 900 and 800", e.balance(alice.Id), e.balance(bob.Id))
+	}
+
+	// Bob resends Alice's key with Alice's body.
+	stolen := e.pay(bob.ApiKey, "alice-only", payment(alice.Id, 100))
+	wantProblem(t, stolen, http.StatusNotFound, payments.ProblemNoSuchAccount)
+	aliceFirst := e.pay(alice.ApiKey, "alice-only", payment(alice.Id, 100))
+	if aliceFirst.status != http.StatusCreated || aliceFirst.replayed() {
+		t.Fatalf("alice's own key after bob used it: %d replayed=%v", aliceFirst.status, aliceFirst.replayed())
+	}
+	replay := e.pay(bob.ApiKey, "alice-only", payment(alice.Id, 100))
+	wantProblem(t, replay, http.StatusNotFound, payments.ProblemNoSuchAccount)
+	if bytes.Contains(replay.body, aliceFirst.body) || !bytes.Equal(replay.body, stolen.body) {
+		t.Fatalf("bob received %s, want his own 404, never alice's answer %s", replay.body, aliceFirst.body)
+	}
+	if got := e.balance(alice.Id); got != 800 {
+		t.Fatalf("alice's balance %d, want 800", got)
+	}
+}
+
+// TestErrorBodiesEchoNothing is the review's finding: decode answered
+// "invalid JSON body: " + the decoder's error, which repeats the client's
+// field names and Go's own (`Go struct field paymentRequest.amount of type
+// int64`); a field name of 1 MiB of '<' became a 6 MiB escaped error body.
+// Error details are now fixed sentences naming at most a field of the API.
+func TestErrorBodiesEchoNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	a := e.signUp("ada", 1000)
+	huge := `{"` + strings.Repeat("<", payments.MaxBodyBytes-64) + `": 1}`
+
+	t.Run("a huge unknown field", func(t *testing.T) {
+		for _, res := range []response{
+			e.send(request{method: "POST", path: "/accounts", body: huge, invalid: true}),
+			e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: "huge-1", body: huge, invalid: true}),
+		} {
+			wantProblem(t, res, http.StatusBadRequest, payments.ProblemInvalidRequest)
+			if len(res.body) >= 512 || bytes.Contains(res.body, []byte("<")) || bytes.Contains(res.body, []byte(`\u003c`)) {
+				t.Fatalf("%d-byte error body: %.200s", len(res.body), res.body)
+			}
+		}
+	})
+
+	t.Run("fixed messages", func(t *testing.T) {
+		for body, want := range map[string]string{
+			`{"account_id": 1, "amount": "5", "currency": "USD"}`:                    "amount must be an integer",
+			`{"account_id": 1, "amount": 1.5, "currency": "USD"}`:                    "amount must be an integer",
+			`{"account_id": 1, "amount": 99999999999999999999, "currency": "USD"}`:   "amount must be an integer",
+			`{"account_id": 1, "amount": 5, "currency": 7}`:                          "currency must be a string",
+			`{"account_id": 1, "amount": 5, "currency": "USD", "secret<script>": 1}`: "unknown field",
+			`{"account_id": 1, "amount": 5, "currency": "USD", "AMOUNT": 1}`:         "unknown field",
+			`{"account_id": 1, "amount": 5, "currency": "<b>EUR</b>"}`:               "currency must be USD",
+			`{"account_id": 1, "amount": 5`:                                          "the body is not valid JSON",
+			`{"account_id": 1, "amount": 5, "currency": "USD"} "<trailing>"`:         "the body holds more than one JSON value",
+			`"<just a string>"`:                                                           "the body must be one JSON object",
+			`{"account_id": 1, "currency": "USD"}`:                                        "amount is required",
+			`{"account_id": 1, "amount": null, "currency": "USD"}`:                        "amount must not be null",
+			`{"account_id": 1, "amount": 5, "amount": 6, "currency": "USD"}`:              "amount appears more than once",
+			"{\"account_id\": 1, \"amount\": 5, \"currency\": \"US\xff\"}":                "the body is not valid UTF-8",
+			`{"account_id": 1, "amount": {"<nested>": 1}, "currency": "USD"}`:             "amount must be an integer",
+			`{"account_id": [1, "<x>"], "amount": 5, "currency": "USD"}`:                  "account_id must be an integer",
+			`{"account_id": 1, "amount": 5, "currency": "USD", "note": "` + "\x00" + `"}`: "the body is not valid JSON",
+		} {
+			res := e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: "msg-" + want, body: body, invalid: true})
+			wantProblem(t, res, http.StatusBadRequest, payments.ProblemInvalidRequest)
+			var p struct{ Detail string }
+			decodeInto(t, res, &p)
+			if p.Detail != want {
+				t.Errorf("%s: detail %q, want %q", body, p.Detail, want)
+			}
+			for _, leak := range []string{"<", "Go struct", "paymentRequest", "PaymentRequest", "int64", "json:"} {
+				if strings.Contains(string(res.body), leak) {
+					t.Errorf("%s: the answer %s holds %q", body, res.body, leak)
+				}
+			}
+		}
+	})
+	if got := e.balance(a.Id); got != 1000 {
+		t.Fatalf("balance %d, want 1000", got)
+	}
 }
 
 func TestPayments(t *testing.T) {
@@ -218,97 +566,132 @@ func TestPayments(t *testing.T) {
 	e := setup(t, protected)
 
 	t.Run("charged once, replayed after", func(t *testing.T) {
-		a := e.createAccount("ada", 10_000)
-		first := e.do("POST", "/payments", "pay-1", payment(a.ID, 2500))
+		a := e.signUp("ada", 10_000)
+		first := e.pay(a.ApiKey, "pay-1", payment(a.Id, 2500))
 		if first.status != http.StatusCreated || first.replayed() {
 			t.Fatalf("first: %d replayed=%v %s", first.status, first.replayed(), first.body)
 		}
-		var p payments.Payment
+		var p api.Payment
 		decodeInto(t, first, &p)
-		if p.ID <= 0 || p.AccountID != a.ID || p.Amount != 2500 || p.Balance != 7500 {
+		if p.Id <= 0 || p.AccountId != a.Id || p.Amount != 2500 || p.Balance != 7500 {
 			t.Fatalf("payment %+v", p)
 		}
-		for range 3 {
-			again := e.do("POST", "/payments", "pay-1", payment(a.ID, 2500))
+		for _, key := range []string{"pay-1", `"pay-1"`} { // the bare and the quoted form
+			again := e.pay(a.ApiKey, key, payment(a.Id, 2500))
 			if again.status != http.StatusCreated || !again.replayed() || !bytes.Equal(again.body, first.body) {
-				t.Fatalf("replay: %d replayed=%v %s, want the first body %s", again.status, again.replayed(), again.body, first.body)
+				t.Fatalf("replay with %s: %d replayed=%v %s, want the first body %s", key, again.status, again.replayed(), again.body, first.body)
 			}
 		}
-		if got := e.balance(a.ID); got != 7500 {
-			t.Fatalf("balance %d, want 7500", got)
-		}
-		if n := e.payments(a.ID); n != 1 {
-			t.Fatalf("%d payments, want 1", n)
+		if got, n := e.balance(a.Id), e.payments(a.Id); got != 7500 || n != 1 {
+			t.Fatalf("balance %d with %d payments, want 7500 and 1", got, n)
 		}
 	})
 
 	t.Run("insufficient funds is 402, stored and replayed", func(t *testing.T) {
-		a := e.createAccount("bob", 100)
-		first := e.do("POST", "/payments", "pay-poor", payment(a.ID, 101))
+		a := e.signUp("bob", 100)
+		first := e.pay(a.ApiKey, "pay-poor", payment(a.Id, 101))
 		wantProblem(t, first, http.StatusPaymentRequired, payments.ProblemInsufficientFunds)
 		// Money arrives, but the key's answer stays the stored refusal.
-		if _, err := e.pool.Exec(t.Context(), "update accounts set balance = 1000 where id = $1", a.ID); err != nil {
+		if _, err := e.pool.Exec(t.Context(), "update accounts set balance = 1000 where id = $1", a.Id); err != nil {
 			t.Fatal(err)
 		}
-		again := e.do("POST", "/payments", "pay-poor", payment(a.ID, 101))
+		again := e.pay(a.ApiKey, "pay-poor", payment(a.Id, 101))
 		wantProblem(t, again, http.StatusPaymentRequired, payments.ProblemInsufficientFunds)
 		if !again.replayed() || !bytes.Equal(again.body, first.body) {
 			t.Fatalf("replay: replayed=%v %s, want %s", again.replayed(), again.body, first.body)
 		}
-		if got, n := e.balance(a.ID), e.payments(a.ID); got != 1000 || n != 0 {
+		if got, n := e.balance(a.Id), e.payments(a.Id); got != 1000 || n != 0 {
 			t.Fatalf("balance %d with %d payments, want 1000 and none", got, n)
 		}
 	})
 
-	t.Run("unknown account is 404", func(t *testing.T) {
-		wantProblem(t, e.do("POST", "/payments", "pay-nobody", payment(999999, 1)), http.StatusNotFound, payments.ProblemNoSuchAccount)
+	t.Run("another account is 404, stored and replayed", func(t *testing.T) {
+		a := e.signUp("cy", 100)
+		first := e.pay(a.ApiKey, "pay-nobody", payment(999999, 1))
+		wantProblem(t, first, http.StatusNotFound, payments.ProblemNoSuchAccount)
+		again := e.pay(a.ApiKey, "pay-nobody", payment(999999, 1))
+		wantProblem(t, again, http.StatusNotFound, payments.ProblemNoSuchAccount)
+		if first.replayed() || !again.replayed() || !bytes.Equal(again.body, first.body) {
+			t.Fatalf("replayed %v then %v; %s then %s", first.replayed(), again.replayed(), first.body, again.body)
+		}
 	})
 
 	t.Run("key", func(t *testing.T) {
-		a := e.createAccount("carol", 1000)
+		a := e.signUp("carol", 1000)
 		t.Run("missing is 400", func(t *testing.T) {
-			wantProblem(t, e.do("POST", "/payments", "", payment(a.ID, 1)), http.StatusBadRequest, idemhttp.ProblemMissingKey)
+			wantProblem(t, e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, body: payment(a.Id, 1), invalid: true}), http.StatusBadRequest, idemhttp.ProblemMissingKey)
 		})
 		t.Run("invalid is 400", func(t *testing.T) {
-			wantProblem(t, e.do("POST", "/payments", strings.Repeat("k", 256), payment(a.ID, 1)), http.StatusBadRequest, idemhttp.ProblemInvalidKey)
+			for _, key := range []string{strings.Repeat("k", 256), `"unterminated`, "a,b"} {
+				wantProblem(t, e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: key, body: payment(a.Id, 1), invalid: true}), http.StatusBadRequest, idemhttp.ProblemInvalidKey)
+			}
 		})
 		t.Run("reused with another body is 422", func(t *testing.T) {
-			if res := e.do("POST", "/payments", "pay-reuse", payment(a.ID, 10)); res.status != http.StatusCreated {
+			if res := e.pay(a.ApiKey, "pay-reuse", payment(a.Id, 10)); res.status != http.StatusCreated {
 				t.Fatalf("first: %d %s", res.status, res.body)
 			}
-			wantProblem(t, e.do("POST", "/payments", "pay-reuse", payment(a.ID, 20)), http.StatusUnprocessableEntity, idemhttp.ProblemKeyMismatch)
+			wantProblem(t, e.pay(a.ApiKey, "pay-reuse", payment(a.Id, 20)), http.StatusUnprocessableEntity, idemhttp.ProblemKeyMismatch)
 		})
-		if got := e.balance(a.ID); got != 990 {
+		if got := e.balance(a.Id); got != 990 {
 			t.Fatalf("balance %d, want 990", got)
 		}
 	})
 
 	t.Run("invalid body is 400", func(t *testing.T) {
-		a := e.createAccount("dan", 1000)
+		a := e.signUp("dan", 1000)
 		for name, body := range map[string]string{
 			"malformed":          `{"account_id": `,
-			"zero amount":        fmt.Sprintf(`{"account_id": %d, "amount": 0, "currency": "USD"}`, a.ID),
-			"negative amount":    fmt.Sprintf(`{"account_id": %d, "amount": -5, "currency": "USD"}`, a.ID),
-			"fractional amount":  fmt.Sprintf(`{"account_id": %d, "amount": 1.5, "currency": "USD"}`, a.ID),
-			"string amount":      fmt.Sprintf(`{"account_id": %d, "amount": "5", "currency": "USD"}`, a.ID),
-			"other currency":     fmt.Sprintf(`{"account_id": %d, "amount": 5, "currency": "EUR"}`, a.ID),
-			"missing currency":   fmt.Sprintf(`{"account_id": %d, "amount": 5}`, a.ID),
+			"zero amount":        fmt.Sprintf(`{"account_id": %d, "amount": 0, "currency": "USD"}`, a.Id),
+			"negative amount":    fmt.Sprintf(`{"account_id": %d, "amount": -5, "currency": "USD"}`, a.Id),
+			"fractional amount":  fmt.Sprintf(`{"account_id": %d, "amount": 1.5, "currency": "USD"}`, a.Id),
+			"string amount":      fmt.Sprintf(`{"account_id": %d, "amount": "5", "currency": "USD"}`, a.Id),
+			"other currency":     fmt.Sprintf(`{"account_id": %d, "amount": 5, "currency": "EUR"}`, a.Id),
+			"missing currency":   fmt.Sprintf(`{"account_id": %d, "amount": 5}`, a.Id),
 			"missing account_id": `{"amount": 5, "currency": "USD"}`,
-			"unknown field":      fmt.Sprintf(`{"account_id": %d, "amount": 5, "currency": "USD", "note": "x"}`, a.ID),
+			"unknown field":      fmt.Sprintf(`{"account_id": %d, "amount": 5, "currency": "USD", "note": "x"}`, a.Id),
 		} {
 			t.Run(name, func(t *testing.T) {
-				wantProblem(t, e.do("POST", "/payments", "bad-"+name, body), http.StatusBadRequest, payments.ProblemInvalidRequest)
+				wantProblem(t, e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: "bad-" + name, body: body, invalid: true}), http.StatusBadRequest, payments.ProblemInvalidRequest)
 			})
 		}
-		if got := e.balance(a.ID); got != 1000 {
+		if got := e.balance(a.Id); got != 1000 {
 			t.Fatalf("balance %d, want 1000", got)
 		}
 	})
 
 	t.Run("body over 1 MiB is 413", func(t *testing.T) {
+		a := e.signUp("eve", 1000)
 		big := `{"account_id": 1, "amount": 1, "currency": "USD", "pad": "` + strings.Repeat("x", payments.MaxBodyBytes) + `"}`
-		wantProblem(t, e.do("POST", "/payments", "pay-big", big), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
+		wantProblem(t, e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: "pay-big", body: big, invalid: true}), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
 	})
+}
+
+// TestValidationFailureNotStored checks idemhttp.DefaultStoreStatus in the
+// example: a 400 leaves the key free, so the corrected body sent with the
+// same key runs, and charges once; its retries replay it.
+func TestValidationFailureNotStored(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	a := e.signUp("fay", 1000)
+	const key = "fix-and-retry"
+
+	wantProblem(t, e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: key,
+		body: fmt.Sprintf(`{"account_id": %d, "amount": "300", "currency": "USD"}`, a.Id), invalid: true}),
+		http.StatusBadRequest, payments.ProblemInvalidRequest)
+	if n := e.keys(); n != 0 {
+		t.Fatalf("%d keys stored by a 400", n)
+	}
+	fixed := e.pay(a.ApiKey, key, payment(a.Id, 300))
+	if fixed.status != http.StatusCreated || fixed.replayed() {
+		t.Fatalf("corrected body: %d replayed=%v %s", fixed.status, fixed.replayed(), fixed.body)
+	}
+	again := e.pay(a.ApiKey, key, payment(a.Id, 300))
+	if again.status != http.StatusCreated || !again.replayed() || !bytes.Equal(again.body, fixed.body) {
+		t.Fatalf("retry: %d replayed=%v", again.status, again.replayed())
+	}
+	if got, n := e.balance(a.Id), e.payments(a.Id); got != 700 || n != 1 {
+		t.Fatalf("balance %d with %d payments, want 700 and 1", got, n)
+	}
 }
 
 // TestPaymentInFlight holds the account's row lock so that a first payment
@@ -317,22 +700,26 @@ func TestPayments(t *testing.T) {
 func TestPaymentInFlight(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
-	a := e.createAccount("erin", 1000)
+	a := e.signUp("erin", 1000)
 
 	lock, err := e.pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
-	if _, err := lock.Exec(t.Context(), "select 1 from accounts where id = $1 for update", a.ID); err != nil {
+	if _, err := lock.Exec(t.Context(), "select 1 from accounts where id = $1 for update", a.Id); err != nil {
 		t.Fatal(err)
 	}
 
 	firstDone := make(chan response, 1)
-	go func() { firstDone <- e.do("POST", "/payments", "pay-slow", payment(a.ID, 300)) }()
+	go func() { firstDone <- e.pay(a.ApiKey, "pay-slow", payment(a.Id, 300)) }()
 	waitForLockWait(t, e.pool)
 
-	wantProblem(t, e.do("POST", "/payments", "pay-slow", payment(a.ID, 300)), http.StatusConflict, idemhttp.ProblemInProgress)
+	inProgress := e.pay(a.ApiKey, "pay-slow", payment(a.Id, 300))
+	wantProblem(t, inProgress, http.StatusConflict, idemhttp.ProblemInProgress)
+	if inProgress.header.Get("Retry-After") == "" {
+		t.Error("409 without Retry-After")
+	}
 
 	if err := lock.Rollback(t.Context()); err != nil {
 		t.Fatal(err)
@@ -341,11 +728,11 @@ func TestPaymentInFlight(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("first: %d %s", first.status, first.body)
 	}
-	again := e.do("POST", "/payments", "pay-slow", payment(a.ID, 300))
+	again := e.pay(a.ApiKey, "pay-slow", payment(a.Id, 300))
 	if again.status != http.StatusCreated || !again.replayed() || !bytes.Equal(again.body, first.body) {
 		t.Fatalf("after the first finished: %d replayed=%v %s", again.status, again.replayed(), again.body)
 	}
-	if got := e.balance(a.ID); got != 700 {
+	if got := e.balance(a.Id); got != 700 {
 		t.Fatalf("balance %d, want 700", got)
 	}
 }
@@ -375,14 +762,14 @@ func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
 func TestConcurrentPaymentsNeverOverdraw(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
-	a := e.createAccount("frank", 1000)
+	a := e.signUp("frank", 1000)
 
 	const n = 50
 	statuses := make([]int, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			statuses[i] = e.do("POST", "/payments", fmt.Sprintf("overdraw-%d", i), payment(a.ID, 100)).status
+			statuses[i] = e.pay(a.ApiKey, fmt.Sprintf("overdraw-%d", i), payment(a.Id, 100)).status
 		})
 	}
 	wg.Wait()
@@ -394,7 +781,7 @@ func TestConcurrentPaymentsNeverOverdraw(t *testing.T) {
 	if count[http.StatusCreated] != 10 || count[http.StatusPaymentRequired] != 40 {
 		t.Fatalf("statuses %v, want 10×201 and 40×402", count)
 	}
-	if got, p := e.balance(a.ID), e.payments(a.ID); got != 0 || p != 10 {
+	if got, p := e.balance(a.Id), e.payments(a.Id); got != 0 || p != 10 {
 		t.Fatalf("balance %d with %d payments, want 0 and 10", got, p)
 	}
 }
@@ -405,7 +792,7 @@ func TestConcurrentPaymentsNeverOverdraw(t *testing.T) {
 func TestSameKeyConcurrently(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
-	a := e.createAccount("gina", 1000)
+	a := e.signUp("gina", 1000)
 
 	const n = 20
 	results := make([]response, n)
@@ -413,7 +800,7 @@ func TestSameKeyConcurrently(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			for range 1000 {
-				results[i] = e.do("POST", "/payments", "same-key", payment(a.ID, 250))
+				results[i] = e.pay(a.ApiKey, "same-key", payment(a.Id, 250))
 				if results[i].status != http.StatusConflict {
 					return
 				}
@@ -435,7 +822,7 @@ func TestSameKeyConcurrently(t *testing.T) {
 	if replays != n-1 {
 		t.Errorf("%d replays, want %d", replays, n-1)
 	}
-	if got, p := e.balance(a.ID), e.payments(a.ID); got != 750 || p != 1 {
+	if got, p := e.balance(a.Id), e.payments(a.Id); got != 750 || p != 1 {
 		t.Fatalf("balance %d with %d payments, want 750 and 1", got, p)
 	}
 }
@@ -445,15 +832,16 @@ func TestSameKeyConcurrently(t *testing.T) {
 func TestUnprotectedChargesEveryRetry(t *testing.T) {
 	t.Parallel()
 	e := setup(t, unprotected)
-	a := e.createAccount("hal", 1000)
+	a := e.signUp("hal", 1000)
 	for range 2 {
-		if res := e.do("POST", "/payments", "retried", payment(a.ID, 100)); res.status != http.StatusCreated {
+		if res := e.pay(a.ApiKey, "retried", payment(a.Id, 100)); res.status != http.StatusCreated {
 			t.Fatalf("%d %s", res.status, res.body)
 		}
 	}
-	if got, p := e.balance(a.ID), e.payments(a.ID); got != 800 || p != 2 {
+	if got, p := e.balance(a.Id), e.payments(a.Id); got != 800 || p != 2 {
 		t.Fatalf("balance %d with %d payments, want 800 and 2", got, p)
 	}
+	wantProblem(t, e.send(request{method: "POST", path: "/payments", body: payment(a.Id, 1), key: "k"}), http.StatusUnauthorized, idemhttp.ProblemUnauthorized)
 }
 
 // TestBalanceNeverNegativeInSchema checks the last line of defence: even a
@@ -461,10 +849,43 @@ func TestUnprotectedChargesEveryRetry(t *testing.T) {
 func TestBalanceNeverNegativeInSchema(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
-	a := e.createAccount("ivy", 10)
-	_, err := e.pool.Exec(t.Context(), "update accounts set balance = balance - 11 where id = $1", a.ID)
+	a := e.signUp("ivy", 10)
+	_, err := e.pool.Exec(t.Context(), "update accounts set balance = balance - 11 where id = $1", a.Id)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.CheckViolation {
 		t.Fatalf("overdrawing update: %v, want a check violation", err)
+	}
+}
+
+// TestMigrateOldDatabase applies the schema to a database made before API
+// keys existed, twice: the column and its index appear, old accounts keep
+// their rows and have no key, so they cannot be used through the API.
+func TestMigrateOldDatabase(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	_, err := pool.Exec(t.Context(), `
+		CREATE TABLE accounts (
+		    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		    owner   text   NOT NULL CHECK (owner <> ''),
+		    balance bigint NOT NULL,
+		    CONSTRAINT accounts_balance_check CHECK (balance >= 0)
+		);
+		INSERT INTO accounts (owner, balance) VALUES ('old', 5)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := payments.Migrate(t.Context(), pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var owner string
+	var hash []byte
+	if err := pool.QueryRow(t.Context(), "select owner, api_key_sha256 from accounts").Scan(&owner, &hash); err != nil || owner != "old" || hash != nil {
+		t.Fatalf("old account: %q %x (%v)", owner, hash, err)
+	}
+	var indexed bool
+	if err := pool.QueryRow(t.Context(), "select exists (select 1 from pg_indexes where indexname = 'accounts_api_key_sha256_idx')").Scan(&indexed); err != nil || !indexed {
+		t.Fatalf("no index on api_key_sha256 (%v)", err)
 	}
 }

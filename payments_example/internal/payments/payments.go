@@ -8,6 +8,8 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/payments_example/api"
 )
 
 var (
@@ -20,16 +22,7 @@ var (
 )
 
 // Currency is the only currency the example accepts.
-const Currency = "USD"
-
-// Payment is a committed charge as the API shows it. Balance is the
-// account's balance right after the charge.
-type Payment struct {
-	ID        int64 `json:"id"`
-	AccountID int64 `json:"account_id"`
-	Amount    int64 `json:"amount"`
-	Balance   int64 `json:"balance"`
-}
+const Currency = string(api.USD)
 
 // ErrInsufficientFunds means the balance does not cover the amount; nothing
 // was charged.
@@ -37,53 +30,62 @@ var ErrInsufficientFunds = errors.New("payments: insufficient funds")
 
 // charge takes amount from the account and records the payment, both in tx.
 // It returns ErrNoAccount or ErrInsufficientFunds without charging anything.
-func charge(ctx context.Context, tx pgx.Tx, accountID, amount int64, currency string) (Payment, error) {
-	p := Payment{AccountID: accountID, Amount: amount}
+func charge(ctx context.Context, tx pgx.Tx, accountID, amount int64, currency string) (api.Payment, error) {
+	p := api.Payment{AccountId: accountID, Amount: amount}
 	err := tx.QueryRow(ctx, chargeSQL, accountID, amount).Scan(&p.Balance)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
 		if err := tx.QueryRow(ctx, accountExistsSQL, accountID).Scan(&exists); err != nil {
-			return Payment{}, fmt.Errorf("payments: charge: %w", err)
+			return api.Payment{}, fmt.Errorf("payments: charge: %w", err)
 		}
 		if !exists {
-			return Payment{}, ErrNoAccount
+			return api.Payment{}, ErrNoAccount
 		}
-		return Payment{}, ErrInsufficientFunds
+		return api.Payment{}, ErrInsufficientFunds
 	}
 	if err != nil {
-		return Payment{}, fmt.Errorf("payments: charge: %w", err)
+		return api.Payment{}, fmt.Errorf("payments: charge: %w", err)
 	}
-	if err := tx.QueryRow(ctx, insertPaymentSQL, accountID, amount, currency).Scan(&p.ID); err != nil {
-		return Payment{}, fmt.Errorf("payments: record payment: %w", err)
+	if err := tx.QueryRow(ctx, insertPaymentSQL, accountID, amount, currency).Scan(&p.Id); err != nil {
+		return api.Payment{}, fmt.Errorf("payments: record payment: %w", err)
 	}
 	return p, nil
 }
 
-type paymentRequest struct {
-	AccountID int64  `json:"account_id"`
-	Amount    int64  `json:"amount"`
-	Currency  string `json:"currency"`
+// CreatePayment serves POST /payments: it charges the API key's own
+// account. The Idempotency-Key in params is idemhttp's business, in front.
+func (s *server) CreatePayment(w http.ResponseWriter, r *http.Request, _ api.CreatePaymentParams) {
+	s.payWrite(w, r, s.pay)
 }
 
-// handlePayment serves POST /payments.
+// pay is POST /payments's work, in the request's transaction.
 //
-// Refusals (400, 402, 404) are answers like any other: behind idemhttp they
-// are stored with the key and replayed, and the transaction rolls back, so
-// a refused payment moves no money however often it is retried.
-func (s *service) handlePayment(r *http.Request, tx pgx.Tx) reply {
-	var req paymentRequest
-	if rep, ok := decode(r, &req); !ok {
+// Its refusals are answers like any other. Validation failures (400) are
+// not stored: the transaction rolls back and the key stays free, so the
+// client can correct the body and retry with the same key. Insufficient
+// funds (402) and an account that is not the caller's (404) report the
+// outcome of a payment that was tried: behind idemhttp they are stored with
+// the key and replayed, and the transaction rolls back, so a refused
+// payment moves no money however often it is retried.
+func (s *server) pay(r *http.Request, tx pgx.Tx) reply {
+	var req api.PaymentRequest
+	if rep, ok := decode(r, &req, "account_id", "amount", "currency"); !ok {
 		return rep
 	}
 	switch {
-	case req.AccountID <= 0:
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "account_id must be a positive integer")
+	case req.AccountId <= 0:
+		return invalid("account_id must be a positive integer")
 	case req.Amount <= 0:
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "amount must be a positive integer in minor units")
-	case req.Currency != Currency:
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "currency must be "+Currency)
+		return invalid("amount must be a positive integer in minor units")
+	case string(req.Currency) != Currency:
+		return invalid("currency must be " + Currency)
 	}
-	p, err := charge(r.Context(), tx, req.AccountID, req.Amount, req.Currency)
+	if own, _ := accountFrom(r.Context()); req.AccountId != own {
+		// Another account's, or none: the same answer, so that existence
+		// does not leak.
+		return fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account")
+	}
+	p, err := charge(r.Context(), tx, req.AccountId, req.Amount, string(req.Currency))
 	switch {
 	case errors.Is(err, ErrNoAccount):
 		return fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account")

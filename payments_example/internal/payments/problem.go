@@ -8,19 +8,23 @@ import (
 )
 
 // The problem types (RFC 9457) of the service's own error answers; clients
-// branch on them. Answers that idemhttp gives itself (a missing key, a key
-// in progress, a key reused for another request) carry idemhttp's types,
-// and a body over MaxBodyBytes is idemhttp.ProblemBodyTooLarge whether or
-// not the request has a key.
+// branch on them. Like idemhttp's, they are relative references, resolved
+// against the service's URL. Answers that idemhttp gives itself (a missing
+// key, a key in progress, a key reused for another request) carry
+// idemhttp's types; so do the service's 401 (idemhttp.ProblemUnauthorized),
+// 503 (idemhttp.ProblemUnavailable) and 413 (idemhttp.ProblemBodyTooLarge,
+// whether or not the request has a key). The spec (../../openapi.yaml)
+// lists each type under the statuses that carry it.
 const (
 	// ProblemInvalidRequest: the body is not one JSON object of the
-	// expected fields, or a field is out of range. 400.
-	ProblemInvalidRequest = "https://idem.dev/problems/payments/invalid-request"
-	// ProblemNoSuchAccount: the account does not exist. 404.
-	ProblemNoSuchAccount = "https://idem.dev/problems/payments/no-such-account"
+	// expected fields, or a field is out of range. 400, not stored.
+	ProblemInvalidRequest = "/problems/payments/invalid-request"
+	// ProblemNoSuchAccount: the account does not exist, or is not the API
+	// key's. 404.
+	ProblemNoSuchAccount = "/problems/payments/no-such-account"
 	// ProblemInsufficientFunds: the balance does not cover the amount;
 	// nothing was charged. 402.
-	ProblemInsufficientFunds = "https://idem.dev/problems/payments/insufficient-funds"
+	ProblemInsufficientFunds = "/problems/payments/insufficient-funds"
 )
 
 var problemTitles = map[string]string{
@@ -29,6 +33,8 @@ var problemTitles = map[string]string{
 	ProblemInsufficientFunds:     "Insufficient funds",
 	idemhttp.ProblemBodyTooLarge: "Request body too large",
 	idemhttp.ProblemUnavailable:  "Service unavailable",
+	idemhttp.ProblemMissingKey:   "Idempotency-Key required",
+	idemhttp.ProblemUnauthorized: "Unauthorized",
 }
 
 // problem is an RFC 9457 problem detail, the body of every error answer.

@@ -1,40 +1,164 @@
 package payments
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemhq/idem/idemhttp"
 )
 
 // MaxBodyBytes is the largest request body the service accepts: 1 MiB.
-// idemhttp enforces it on requests with a key; decode enforces it on the
-// others.
+// idemhttp enforces it on POST /payments; decode enforces it everywhere.
 const MaxBodyBytes = 1 << 20
 
-// decode reads r's body as exactly one JSON object into v, rejecting
-// unknown fields: a misspelt "amount" must not become a charge of zero.
-// It returns a reply to send when the body is unacceptable.
-func decode(r *http.Request, v any) (reply, bool) {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil {
-		if _, trailing := dec.Token(); !errors.Is(trailing, io.EOF) {
-			err = errors.New("the body holds more than one JSON value")
+// MaxOwnerBytes is the longest account owner, in bytes of UTF-8.
+const MaxOwnerBytes = 200
+
+// decode reads r's body as exactly one JSON object into v, a pointer to
+// one of package api's request structs. It refuses what a lenient decoder
+// would let through: a field the struct does not have (a misspelt
+// "amount" must not become a charge of zero), a field in another case
+// ("AMOUNT"), a field given twice, null, and a missing field whose name is
+// in required. It returns the reply to send when the body is unacceptable.
+//
+// The replies are fixed sentences: they never repeat the client's bytes,
+// which may be megabytes long or crafted to mislead whoever reads them.
+// A field is named only by the struct's own JSON tag, never by the key the
+// client sent.
+func decode(r *http.Request, v any, required ...string) (reply, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return fail(http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge,
+				fmt.Sprintf("the body is larger than %d bytes", MaxBodyBytes)), false
+		}
+		return invalid("the body could not be read"), false
+	}
+	if !utf8.Valid(body) {
+		return invalid("the body is not valid UTF-8"), false
+	}
+	fields := jsonFields(reflect.TypeOf(v).Elem())
+	if rep, ok := checkObject(body, fields, required); !ok {
+		return rep, false
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			if kind, known := fields[typeErr.Field]; known {
+				return invalid(typeErr.Field + " must be " + kindName(kind)), false
+			}
+		}
+		return invalid("the body does not match the expected fields"), false
+	}
+	return reply{}, true
+}
+
+// checkObject checks the shape of body against fields (JSON name -> Go
+// kind) without decoding values: one object, known keys spelt exactly,
+// each at most once and not null, every required one present, nothing
+// after it.
+func checkObject(body []byte, fields map[string]reflect.Kind, required []string) (reply, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	switch {
+	case errors.Is(err, io.EOF):
+		return invalid("the body is empty; send one JSON object"), false
+	case err != nil:
+		return invalid("the body is not valid JSON"), false
+	case tok != json.Delim('{'):
+		return invalid("the body must be one JSON object"), false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return invalid("the body is not valid JSON"), false
+		}
+		key, _ := tok.(string) // an object's keys are strings
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return invalid("the body is not valid JSON"), false
+		}
+		if _, known := fields[key]; !known {
+			return invalid("unknown field"), false
+		}
+		if seen[key] {
+			return invalid(key + " appears more than once"), false
+		}
+		seen[key] = true
+		if string(value) == "null" {
+			return invalid(key + " must not be null"), false
 		}
 	}
-	var tooLarge *http.MaxBytesError
-	switch {
-	case err == nil:
-		return reply{}, true
-	case errors.As(err, &tooLarge):
-		return fail(http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge,
-			fmt.Sprintf("the body is larger than %d bytes", MaxBodyBytes)), false
-	default:
-		return fail(http.StatusBadRequest, ProblemInvalidRequest, "invalid JSON body: "+err.Error()), false
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return invalid("the body is not valid JSON"), false
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return invalid("the body holds more than one JSON value"), false
+	}
+	for _, name := range required {
+		if !seen[name] {
+			return invalid(name + " is required"), false
+		}
+	}
+	return reply{}, true
+}
+
+// jsonFields maps the JSON names of struct type t's fields to their kinds.
+func jsonFields(t reflect.Type) map[string]reflect.Kind {
+	fields := map[string]reflect.Kind{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			fields[name] = f.Type.Kind()
+		}
+	}
+	return fields
+}
+
+// kindName says what a JSON value must be to fill a field of kind k.
+func kindName(k reflect.Kind) string {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	default:
+		return "of another type"
+	}
+}
+
+// invalid is a 400 with the service's invalid-request type. It is not
+// stored under the key: the client fixes the body and retries with it.
+func invalid(detail string) reply {
+	return fail(http.StatusBadRequest, ProblemInvalidRequest, detail)
+}
+
+// validOwner reports why owner is not an acceptable account owner: 1 to
+// MaxOwnerBytes bytes of UTF-8 (decode has checked the encoding), not only
+// white space, without control characters (NUL included: PostgreSQL's
+// text cannot hold it).
+func validOwner(owner string) (string, bool) {
+	switch {
+	case strings.TrimSpace(owner) == "":
+		return "owner is required", false
+	case len(owner) > MaxOwnerBytes:
+		return fmt.Sprintf("owner must be at most %d bytes", MaxOwnerBytes), false
+	case strings.ContainsFunc(owner, unicode.IsControl):
+		return "owner must not contain control characters", false
+	}
+	return "", true
 }
