@@ -57,7 +57,11 @@ func TestInvalidScopeIsBadInput(t *testing.T) {
 	}})
 	w := a.post("k", 100, "X-User", strings.Repeat("u", 300))
 	wantProblem(t, w, http.StatusBadRequest, idemhttp.ProblemInvalidRequest)
-	wantProblem(t, a.post("k", 100), http.StatusUnauthorized, idemhttp.ProblemUnauthorized)
+	unauthorized := a.post("k", 100)
+	wantProblem(t, unauthorized, http.StatusUnauthorized, idemhttp.ProblemUnauthorized)
+	if got := unauthorized.Header().Get("WWW-Authenticate"); got != "Bearer" {
+		t.Fatalf("401 without a challenge: WWW-Authenticate %q", got)
+	}
 	if a.runs.Load() != 0 || a.charges(t) != 0 {
 		t.Fatal("the handler ran")
 	}

@@ -78,6 +78,11 @@ type Config struct {
 	// The handler does not run in either case.
 	Scope func(*http.Request) (string, error)
 
+	// Challenge is the WWW-Authenticate challenge sent with the 401 answered
+	// when Scope fails, as RFC 9110 requires of every 401: the scheme (and
+	// parameters) the service authenticates with. Defaults to "Bearer".
+	Challenge string
+
 	// Fingerprint replaces the function that fingerprints a request: two
 	// requests with the same key and different fingerprints are answered
 	// 422 (ProblemKeyMismatch). body is the whole request body. The result
@@ -272,6 +277,9 @@ func newMiddleware(db idem.Beginner, cfg Config, legacy []idem.Option) (*Middlew
 	}
 	if cfg.StoreStatus == nil {
 		cfg.StoreStatus = DefaultStoreStatus
+	}
+	if cfg.Challenge == "" {
+		cfg.Challenge = "Bearer"
 	}
 	if cfg.ProblemBase == "" {
 		cfg.ProblemBase = DefaultProblemBase

@@ -100,11 +100,14 @@ func (c *Config) problemFor(typ, detail string) Problem {
 }
 
 // writeProblem answers with the problem typ and returns its status. 409 and
-// 503 carry Retry-After.
+// 503 carry Retry-After, 401 a WWW-Authenticate challenge.
 func writeProblem(w http.ResponseWriter, r *http.Request, c *Config, typ, detail string) int {
 	p := c.problemFor(typ, detail)
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
+	if p.Status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", c.Challenge)
+	}
 	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
 		secs := int64((c.RetryAfter + time.Second - 1) / time.Second)
 		h.Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))

@@ -1475,7 +1475,7 @@ func (r CreateAccountResponse) ContentType() string {
 
 // GetAccountResponse401Headers the declared response headers of an HTTP 401 response for GetAccount
 type GetAccountResponse401Headers struct {
-	WWWAuthenticate *string
+	WWWAuthenticate string
 }
 
 // GetAccountResponse503Headers the declared response headers of an HTTP 503 response for GetAccount
@@ -1659,7 +1659,7 @@ type CreatePaymentResponse201Headers struct {
 
 // CreatePaymentResponse401Headers the declared response headers of an HTTP 401 response for CreatePayment
 type CreatePaymentResponse401Headers struct {
-	WWWAuthenticate *string
+	WWWAuthenticate string
 }
 
 // CreatePaymentResponse402Headers the declared response headers of an HTTP 402 response for CreatePayment
@@ -2055,10 +2055,10 @@ func ParseGetAccountResponse(rsp *http.Response) (*GetAccountResponse, error) {
 		var headers GetAccountResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.WWWAuthenticate = &value
+			headers.WWWAuthenticate = value
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 503:
@@ -2249,10 +2249,10 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 		var headers CreatePaymentResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.WWWAuthenticate = &value
+			headers.WWWAuthenticate = value
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 402:
