@@ -5,11 +5,14 @@ GOBIN     := $(CURDIR)/bin
 LINT      := $(GOBIN)/golangci-lint
 LINT_VER  := v2.15.0
 FUZZTIME  ?= 10s
+# The modules test, vet, tidy-check and lint run in: the root and the nested
+# modules with their own go.mod.
+MODULES   := . idemgrpc
 
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres generate generate-grpc generated-check generated-check-grpc
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -17,9 +20,9 @@ help: ## List the targets.
 postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) unless a URL is set.
 	@./scripts/ensure-postgres.sh
 
-test: postgres fmt-check vet tidy-check ## Run every test against a real PostgreSQL, with -race, plus short fuzz runs.
+test: postgres fmt-check vet tidy-check generated-check ## Run every test against a real PostgreSQL, with -race, plus short fuzz runs.
 	@$(GO) run ./internal/testdb/which
-	$(GO) test -race -count=1 ./...
+	@for m in $(MODULES); do echo "go test: $$m"; (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
@@ -39,18 +42,31 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
 
 lint: ## golangci-lint, installed into ./bin on first use.
 	@test -x $(LINT) || GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(LINT_VER)
-	$(LINT) run ./...
+	@for m in $(MODULES); do echo "lint: $$m"; (cd $$m && $(LINT) run ./...) || exit 1; done
 
 vet: ## go vet.
-	$(GO) vet ./...
+	@for m in $(MODULES); do echo "go vet: $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
 
 fmt-check: ## Fail if gofmt would change a file.
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-tidy-check: ## Fail if go mod tidy would change go.mod or go.sum.
-	@cp go.mod /tmp/idem-go.mod.bak; cp go.sum /tmp/idem-go.sum.bak; \
-	$(GO) mod tidy; \
-	if ! cmp -s go.mod /tmp/idem-go.mod.bak || ! cmp -s go.sum /tmp/idem-go.sum.bak; then \
-	  echo "go mod tidy changed go.mod/go.sum; commit the tidy result"; \
-	  cp /tmp/idem-go.mod.bak go.mod; cp /tmp/idem-go.sum.bak go.sum; exit 1; fi
+tidy-check: ## Fail if go mod tidy would change a module's go.mod or go.sum.
+	@for m in $(MODULES); do \
+	  bak=$$(mktemp -d); cp $$m/go.mod $$m/go.sum $$bak/; \
+	  (cd $$m && $(GO) mod tidy); \
+	  if ! cmp -s $$m/go.mod $$bak/go.mod || ! cmp -s $$m/go.sum $$bak/go.sum; then \
+	    echo "go mod tidy changed $$m/go.mod or go.sum; commit the tidy result"; \
+	    cp $$bak/go.mod $$bak/go.sum $$m/; rm -rf $$bak; exit 1; fi; \
+	  rm -rf $$bak; \
+	done
+
+generate: generate-grpc ## Regenerate the checked-in generated code.
+
+generated-check: generated-check-grpc ## Fail if the checked-in generated code differs from what make generate writes.
+
+generate-grpc: ## Regenerate idemgrpc's example service from its .proto (buf and the plugins are pinned in idemgrpc/tools.mod).
+	cd idemgrpc && $(GO) tool -modfile=tools.mod buf generate
+
+generated-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh generation.
+	@./scripts/check-generated-grpc.sh
