@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"connectrpc.com/connect"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -71,9 +70,11 @@ var _ connect.Interceptor = (*Interceptor)(nil)
 // returns, nor commit or roll it back (both return idem.ErrTxOwned).
 //
 // A replay returns the stored message, decoded into its type through the
-// global protobuf registry and sent through the handler's codec, or the
-// stored error. Headers and trailers the handler set, on the response or
-// on an error, are sent with the first answer only.
+// global protobuf registry and sent through the handler's codec (binary or
+// JSON), or the stored error. Interceptors listed before this one see a
+// replayed response's Any() as a proto.Message of the stored message, not
+// as the generated type. Headers and trailers the handler set, on the
+// response or on an error, are sent with the first answer only.
 //
 // List the interceptor after the one that authenticates the call and sets
 // its scope: connect.WithInterceptors(auth, idem).
@@ -145,7 +146,9 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 // replayed carries a stored response through connect.NewResponse, whose
 // type parameter must be a message struct: the replay knows the message
 // only as a proto.Message. Codecs see a proto.Message whose reflection is
-// the stored message's, so it encodes exactly as the message would.
+// the stored message's, so it encodes exactly as the message would; an
+// interceptor listed before this one sees Any() return this wrapper, not
+// the generated type.
 type replayed struct{ proto.Message }
 
 // statusOf is the google.rpc.Status of a handler's error. An error that is
@@ -168,10 +171,7 @@ const typeURLPrefix = "type.googleapis.com/"
 func errorOf(st *spb.Status) *connect.Error {
 	err := connect.NewError(connect.Code(st.GetCode()), errors.New(st.GetMessage()))
 	for _, a := range st.GetDetails() {
-		if !strings.Contains(a.GetTypeUrl(), "/") {
-			continue
-		}
-		d, derr := connect.NewErrorDetail(a)
+		d, derr := connect.NewErrorDetail(a) // an Any is taken as it is: it cannot fail
 		if derr == nil {
 			err.AddDetail(d)
 		}

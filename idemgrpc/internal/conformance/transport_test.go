@@ -74,7 +74,7 @@ type client interface {
 	listCharges(ctx context.Context, account string, keys ...string) ([]*chargev1.ChargeResponse, error)
 }
 
-var transports = []transport{grpcTransport{}, connectTransport{}, connectTransport{grpcProtocol: true}}
+var transports = []transport{grpcTransport{}, connectTransport{}, connectTransport{json: true}, connectTransport{grpcProtocol: true}}
 
 // eachTransport runs f as a subtest for every transport.
 func eachTransport(t *testing.T, f func(t *testing.T, tr transport)) {
@@ -264,11 +264,15 @@ func (c *grpcClient) listCharges(ctx context.Context, account string, keys ...st
 
 type connectTransport struct {
 	grpcProtocol bool // the gRPC protocol over HTTP/2 instead of the Connect protocol
+	json         bool // JSON messages instead of binary protobuf
 }
 
 func (c connectTransport) name() string {
-	if c.grpcProtocol {
+	switch {
+	case c.grpcProtocol:
 		return "connect-grpc-protocol"
+	case c.json:
+		return "connect-json"
 	}
 	return "connect"
 }
@@ -308,6 +312,9 @@ func (c connectTransport) start(t *testing.T, b *bank, cfg config) client {
 		opts = append(opts, connect.WithGRPC())
 	} else {
 		srv.Start()
+	}
+	if c.json {
+		opts = append(opts, connect.WithProtoJSON())
 	}
 	opts = append(opts, connect.WithInterceptors(loseConnectAnswers))
 	t.Cleanup(func() {
