@@ -28,11 +28,11 @@ const HeaderReplayed = "Idempotent-Replayed"
 
 // DefaultMaxResponseBytes is the largest stored reply when
 // Config.MaxResponseBytes is not set: 1 MiB.
-const DefaultMaxResponseBytes = unary.DefaultMaxResponseBytes
+const DefaultMaxResponseBytes = 1 << 20
 
 // DefaultRetryDelay is the delay of the RetryInfo detail when
 // Config.RetryDelay is not set: 1s.
-const DefaultRetryDelay = unary.DefaultRetryDelay
+const DefaultRetryDelay = time.Second
 
 // The reasons of the google.rpc.ErrorInfo detail that every answer of the
 // interceptor's own carries (see NewInterceptor for the codes).
@@ -41,41 +41,41 @@ const DefaultRetryDelay = unary.DefaultRetryDelay
 const (
 	// ReasonMissingKey: a call of a Required method without a key.
 	// INVALID_ARGUMENT.
-	ReasonMissingKey = unary.ReasonMissingKey
+	ReasonMissingKey = "IDEMPOTENCY_KEY_MISSING"
 	// ReasonInvalidKey: the key metadata is malformed or repeated, the key
 	// field is not a UUID, or the two disagree. INVALID_ARGUMENT.
-	ReasonInvalidKey = unary.ReasonInvalidKey
+	ReasonInvalidKey = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonKeyMismatch: the key was used before with another request. Use
 	// a new key for a new request; never retry this one as it is.
 	// FAILED_PRECONDITION.
-	ReasonKeyMismatch = unary.ReasonKeyMismatch
+	ReasonKeyMismatch = "IDEMPOTENCY_KEY_MISMATCH"
 	// ReasonInProgress: a call with this key is running. Retry with the same
 	// key after the RetryInfo delay. ABORTED.
-	ReasonInProgress = unary.ReasonInProgress
+	ReasonInProgress = "IDEMPOTENCY_KEY_IN_PROGRESS"
 	// ReasonOutcomeUnknown: the connection to the database failed while the
 	// transaction was committing. Retry with the same key to learn the
 	// outcome; never with a new key. UNAVAILABLE.
-	ReasonOutcomeUnknown = unary.ReasonOutcomeUnknown
+	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
 	// ReasonUnavailable: the database could not be reached or the
 	// transaction failed for a passing reason; nothing was stored. Retry
 	// with the same key. UNAVAILABLE.
-	ReasonUnavailable = unary.ReasonUnavailable
+	ReasonUnavailable = "DATABASE_UNAVAILABLE"
 	// ReasonUnauthenticated: Config.Scope returned an error, so the call has
 	// no principal to scope its key by. UNAUTHENTICATED.
-	ReasonUnauthenticated = unary.ReasonUnauthenticated
+	ReasonUnauthenticated = "NO_PRINCIPAL"
 	// ReasonInvalidRequest: the request could not be fingerprinted, or the
 	// principal is not a valid scope (idem.ValidateScope). INVALID_ARGUMENT.
-	ReasonInvalidRequest = unary.ReasonInvalidRequest
+	ReasonInvalidRequest = "INVALID_REQUEST"
 	// ReasonResponseTooLarge: the handler's answer exceeds
 	// Config.MaxResponseBytes; its writes rolled back. A retry fails the
 	// same way. INTERNAL.
-	ReasonResponseTooLarge = unary.ReasonResponseTooLarge
+	ReasonResponseTooLarge = "RESPONSE_TOO_LARGE"
 	// ReasonCallEnded: the call was cancelled or its deadline passed before
 	// the handler started; nothing was done. CANCELED or DEADLINE_EXCEEDED.
-	ReasonCallEnded = unary.ReasonCallEnded
+	ReasonCallEnded = "CALL_ENDED"
 	// ReasonInternal: a failure a retry will not cure, such as a stored
 	// reply that cannot be read back. INTERNAL.
-	ReasonInternal = unary.ReasonInternal
+	ReasonInternal = "INTERNAL"
 )
 
 // Method is how one covered method takes its key.
@@ -113,8 +113,8 @@ type Config struct {
 	// or tenant. The same key in two scopes is two unrelated keys. Defaults
 	// to the scope in the call's context (idem.ContextWithScope), which an
 	// authentication interceptor listed before this one (or HTTP middleware
-	// in front of the handler) sets; without
-	// either, every client shares one namespace.
+	// in front of the handler) sets; without either, every client shares
+	// one namespace.
 	//
 	// Set one whenever more than one client can reach the service: keys are
 	// chosen by clients and may leak or be guessed, so the scope, not the
