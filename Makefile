@@ -9,14 +9,14 @@ FUZZTIME  ?= 10s
 # The repository's Go modules: the root module and the nested ones that
 # keep heavy dependencies away from the core's users. test, vet, fmt-check,
 # tidy-check, lint and fuzz run in each.
-MODULES   := . payments_example
+MODULES   := . payments_example idemgrpc
 # Pathspecs that leave the nested modules out of the root module's files.
 NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check postgres
+.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,10 +35,14 @@ test: postgres fmt-check vet tidy-check generate-check ## Run every test of ever
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
 	cd payments_example && $(GO) run ./demo
 
-generate: ## Regenerate the payments example's api package (bundled spec, oapi-codegen code) from its openapi.yaml.
+generate: generate-example generate-grpc ## Regenerate every checked-in generated file.
+
+generate-check: generate-check-example generate-check-grpc ## Fail if make generate would change a committed generated file.
+
+generate-example: ## Regenerate the payments example's api package (bundled spec, oapi-codegen code) from its openapi.yaml.
 	./payments_example/generate.sh
 
-generate-check: ## Fail if make generate would change the committed generated files.
+generate-check-example: ## Fail if the payments example's generated files are stale.
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	./payments_example/generate.sh "$$tmp" || exit 1; \
 	for f in openapi.yaml api.gen.go; do \
@@ -47,6 +51,12 @@ generate-check: ## Fail if make generate would change the committed generated fi
 	    diff -u payments_example/api/$$f "$$tmp/$$f" | head -n 40; exit 1; \
 	  fi; \
 	done
+
+generate-grpc: ## Regenerate idemgrpc's example service from its .proto (buf and the plugins are pinned in idemgrpc/tools.mod).
+	cd idemgrpc && $(GO) tool -modfile=tools.mod buf generate
+
+generate-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh generation.
+	@./scripts/check-generated-grpc.sh
 
 bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer pattern.
 	$(GO) run ./cmd/idem-bench

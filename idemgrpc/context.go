@@ -1,0 +1,17 @@
+package idemgrpc
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/idemgrpc/internal/unary"
+)
+
+// Tx returns the transaction of the covered call whose handler runs with
+// ctx: with a key, the transaction that commits with the key; without one,
+// a plain transaction. It returns nil outside a covered call (another
+// method, a streaming call). The handler must not commit or roll it back.
+//
+// Tx also finds the transaction of a call served by idemconnect.
+func Tx(ctx context.Context) pgx.Tx { return unary.Tx(ctx) }

@@ -1,0 +1,36 @@
+package unary
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+type txKey struct{}
+
+// withTx returns ctx carrying the call's transaction for Tx.
+func withTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// Tx returns the transaction of the covered call whose handler runs with
+// ctx, or nil.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
+	return tx
+}
+
+// mergeValues is a context with the deadline and cancellation of done and
+// the values of values: the handler ends when its client leaves (done is
+// the call's context) and sees what idem.Run added (values carries the
+// call's key and the observer's span, on top of the call's own values).
+func mergeValues(done, values context.Context) context.Context {
+	return valuesFrom{Context: done, values: values}
+}
+
+type valuesFrom struct {
+	context.Context
+	values context.Context
+}
+
+func (c valuesFrom) Value(key any) any { return c.values.Value(key) }
