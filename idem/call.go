@@ -2,7 +2,17 @@ package idem
 
 import (
 	"context"
+	"reflect"
+
+	"github.com/jackc/pgx/v5"
 )
+
+// isNilPointer reports a typed nil: a nil *pgxpool.Pool or *Client in a
+// Beginner is no database either.
+func isNilPointer(db Beginner) bool {
+	v := reflect.ValueOf(db)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
 
 // call is one validated call, free of the result type.
 type call struct {
@@ -26,8 +36,11 @@ func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error
 	if s.err != nil {
 		return nil, s.err
 	}
-	if db == nil {
+	if db == nil || isNilPointer(db) {
 		return nil, inputError(ErrInvalidOption, "no database")
+	}
+	if _, outer := db.(pgx.Tx); outer && s.txOpts != (pgx.TxOptions{}) {
+		return nil, inputError(ErrInvalidOption, "WithTxOptions does not apply inside an outer transaction, whose modes are already set")
 	}
 	if err := ValidateKey(key); err != nil {
 		return nil, err

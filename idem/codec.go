@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -15,7 +16,7 @@ import (
 // is stored in its own form, without reflection; any other type as JSON.
 func encode[T any](v T) ([]byte, error) {
 	if isBinary[T]() {
-		return any(v).(encoding.BinaryMarshaler).MarshalBinary()
+		return any(&v).(encoding.BinaryMarshaler).MarshalBinary()
 	}
 	return json.Marshal(v)
 }
@@ -36,7 +37,7 @@ func decode[T any](data []byte) (T, error) {
 // isBinary reports whether T stores itself with MarshalBinary.
 func isBinary[T any]() bool {
 	var v T
-	if _, ok := any(v).(encoding.BinaryMarshaler); !ok {
+	if _, ok := any(&v).(encoding.BinaryMarshaler); !ok {
 		return false
 	}
 	_, ok := any(&v).(encoding.BinaryUnmarshaler)
@@ -47,11 +48,8 @@ func isBinary[T any]() bool {
 // call returns this form too, so that it and every replay are equal (a
 // time.Time loses its monotonic reading and location in JSON, an empty slice
 // under omitempty comes back nil). A type with its own MarshalBinary is
-// trusted to round-trip and returned as it is.
+// decoded with its UnmarshalBinary, so a lossy pair shows on the first call.
 func storedForm[T any](v T, data []byte) (T, error) {
-	if isBinary[T]() {
-		return v, nil
-	}
 	back, err := decode[T](data)
 	if err != nil {
 		var zero T
@@ -74,10 +72,12 @@ func checkStorable[T any]() error {
 		return v.(verdict).err
 	}
 	var err error
-	if !isBinary[T]() {
-		if problem := checkType(t, t.String(), map[reflect.Type]bool{}); problem != "" {
-			err = inputError(ErrInvalidOption, "result type %v cannot be replayed exactly: %s; give the type MarshalBinary/UnmarshalBinary or MarshalJSON/UnmarshalJSON methods, or store plain exported fields", t, problem)
-		}
+	problem := promotedCodec(t, t.String())
+	if problem == "" && !isBinary[T]() {
+		problem = checkType(t, t.String(), forStorage, map[reflect.Type]bool{})
+	}
+	if problem != "" {
+		err = inputError(ErrInvalidOption, "result type %v cannot be replayed exactly: %s; give the type MarshalBinary/UnmarshalBinary or MarshalJSON/UnmarshalJSON methods, or store plain exported fields", t, problem)
 	}
 	storable.Store(t, verdict{err})
 	return err
@@ -98,11 +98,51 @@ func marshalsItself(t reflect.Type) bool {
 		(t.Implements(textMarshaler) || pt.Implements(textMarshaler)) && pt.Implements(textUnmarshaler)
 }
 
+// oneWay reports a JSON or text encoding that t has in one direction only:
+// encoding/json then writes one form and reads another.
+func oneWay(t reflect.Type) string {
+	pt := reflect.PointerTo(t)
+	m, u := pt.Implements(jsonMarshaler), pt.Implements(jsonUnmarshaler)
+	if m != u {
+		return "has MarshalJSON or UnmarshalJSON without the other"
+	}
+	if m {
+		return ""
+	}
+	if pt.Implements(textMarshaler) != pt.Implements(textUnmarshaler) {
+		return "has MarshalText or UnmarshalText without the other"
+	}
+	return ""
+}
+
+// purpose is what a type is checked for: storing and replaying a result,
+// which needs JSON both ways and exactly, or fingerprinting a request,
+// which needs only that JSON writes everything the value holds.
+type purpose bool
+
+const (
+	forStorage     purpose = false
+	forFingerprint purpose = true
+)
+
 // checkType walks t as encoding/json would and returns what it would lose
 // (path: the Go expression reaching the part), or "".
-func checkType(t reflect.Type, path string, seen map[reflect.Type]bool) string {
+func checkType(t reflect.Type, path string, why purpose, seen map[reflect.Type]bool) string {
 	if seen[t] {
 		return ""
+	}
+	if why == forStorage {
+		if problem := oneWay(t); problem != "" {
+			return path + " (" + t.String() + ") " + problem
+		}
+	} else if reflect.PointerTo(t).Implements(jsonMarshaler) || reflect.PointerTo(t).Implements(textMarshaler) {
+		if problem := promotedCodec(t, path); problem != "" {
+			return problem
+		}
+		return "" // its own encoding writes what it holds
+	}
+	if problem := promotedCodec(t, path); problem != "" {
+		return problem
 	}
 	if marshalsItself(t) {
 		return ""
@@ -116,11 +156,14 @@ func checkType(t reflect.Type, path string, seen map[reflect.Type]bool) string {
 		reflect.Float32, reflect.Float64:
 		return ""
 	case reflect.Interface:
+		if why == forFingerprint {
+			return "" // the dynamic value is encoded; its Go type does not matter to a fingerprint
+		}
 		return path + " is an interface (" + t.String() + "): JSON does not record the dynamic type, so int64(7) would replay as float64(7)"
 	case reflect.Pointer:
-		return checkType(t.Elem(), "(*"+path+")", seen)
+		return checkType(t.Elem(), "(*"+path+")", why, seen)
 	case reflect.Slice, reflect.Array:
-		return checkType(t.Elem(), path+"[i]", seen)
+		return checkType(t.Elem(), path+"[i]", why, seen)
 	case reflect.Map:
 		k := t.Key()
 		switch {
@@ -129,10 +172,16 @@ func checkType(t reflect.Type, path string, seen map[reflect.Type]bool) string {
 		default:
 			return path + " is a map with " + k.String() + " keys, which JSON cannot encode"
 		}
-		return checkType(t.Elem(), path+"[k]", seen)
+		return checkType(t.Elem(), path+"[k]", why, seen)
 	case reflect.Struct:
+		if problem := droppedNames(t, path); problem != "" {
+			return problem
+		}
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
+			if f.Name == "_" {
+				continue // a blank field holds nothing
+			}
 			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 			fpath := path + "." + f.Name
 			switch {
@@ -149,7 +198,7 @@ func checkType(t reflect.Type, path string, seen map[reflect.Type]bool) string {
 					return fpath + " embeds an unexported non-struct type, so it is not stored"
 				}
 			}
-			if problem := checkType(f.Type, fpath, seen); problem != "" {
+			if problem := checkType(f.Type, fpath, why, seen); problem != "" {
 				return problem
 			}
 		}
@@ -157,4 +206,92 @@ func checkType(t reflect.Type, path string, seen map[reflect.Type]bool) string {
 	default: // complex, chan, func, unsafe pointer
 		return path + " is a " + t.Kind().String() + ", which JSON cannot encode"
 	}
+}
+
+var (
+	binaryMarshaler   = reflect.TypeFor[encoding.BinaryMarshaler]()
+	binaryUnmarshaler = reflect.TypeFor[encoding.BinaryUnmarshaler]()
+)
+
+// promotedCodec reports a struct whose own encoding is a method promoted
+// from an embedded field (a struct embedding time.Time): it encodes that
+// field alone, and the struct's other fields are lost.
+func promotedCodec(t reflect.Type, path string) string {
+	if t.Kind() != reflect.Struct {
+		return ""
+	}
+	pt := reflect.PointerTo(t)
+	for _, iface := range [...]reflect.Type{jsonMarshaler, textMarshaler, binaryMarshaler} {
+		if !pt.Implements(iface) {
+			continue
+		}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if !f.Anonymous || !(f.Type.Implements(iface) || reflect.PointerTo(f.Type).Implements(iface)) {
+				continue
+			}
+			for j := 0; j < t.NumField(); j++ {
+				if j != i && t.Field(j).Name != "_" {
+					return path + " embeds " + f.Type.String() + ", whose " + iface.Method(0).Name + " encodes it alone: " + path + "." + t.Field(j).Name + " would be lost"
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// droppedNames reports a field that encoding/json leaves out without an
+// error: one hidden by a shallower field of the same JSON name, or two at
+// the same depth that conflict.
+func droppedNames(t reflect.Type, path string) string {
+	type field struct {
+		name   string
+		depth  int
+		tagged bool
+	}
+	var fields []field
+	var walk func(t reflect.Type, depth int, seen map[reflect.Type]bool)
+	walk = func(t reflect.Type, depth int, seen map[reflect.Type]bool) {
+		if seen[t] {
+			return
+		}
+		seen[t] = true
+		defer delete(seen, t)
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			ft := f.Type
+			if ft.Name() == "" && ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if f.Name == "_" || (!f.IsExported() && !(f.Anonymous && ft.Kind() == reflect.Struct)) {
+				continue
+			}
+			tag := f.Tag.Get("json")
+			if tag == "-" {
+				continue
+			}
+			name, _, _ := strings.Cut(tag, ",")
+			if name == "" && f.Anonymous && ft.Kind() == reflect.Struct {
+				walk(ft, depth+1, seen)
+				continue
+			}
+			tagged := name != ""
+			if !tagged {
+				name = f.Name
+			}
+			fields = append(fields, field{name, depth, tagged})
+		}
+	}
+	walk(t, 0, map[reflect.Type]bool{})
+	for i, a := range fields {
+		for j, b := range fields {
+			if i == j || a.name != b.name {
+				continue
+			}
+			if b.depth < a.depth || (b.depth == a.depth && b.tagged == a.tagged) {
+				return path + " has two fields encoded as " + strconv.Quote(a.name) + "; encoding/json drops at least one of them"
+			}
+		}
+	}
+	return ""
 }

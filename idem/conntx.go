@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,16 +15,20 @@ import (
 // nested Begin makes savepoints, and ending the transaction belongs to Do.
 type connTx struct {
 	conn   *pgx.Conn
-	closed bool
+	closed atomicBool
 	spNum  int64
 	lo     pgx.Tx
 }
+
+// atomicBool is the closed flag: set when fn returns, read by whatever fn
+// left running, so it must not race.
+type atomicBool = atomic.Bool
 
 var _ pgx.Tx = (*connTx)(nil)
 
 // Begin starts a pseudo-nested transaction on a savepoint.
 func (t *connTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.closed {
+	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
 	t.spNum++
@@ -42,7 +47,7 @@ func (t *connTx) Rollback(context.Context) error { return ErrTxOwned }
 
 // CopyFrom runs COPY FROM in the transaction.
 func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	if t.closed {
+	if t.closed.Load() {
 		return 0, pgx.ErrTxClosed
 	}
 	return t.conn.CopyFrom(ctx, table, cols, src)
@@ -50,7 +55,7 @@ func (t *connTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []stri
 
 // SendBatch sends a batch in the transaction.
 func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.closed {
+	if t.closed.Load() {
 		return closedBatch{}
 	}
 	return t.conn.SendBatch(ctx, b)
@@ -60,7 +65,7 @@ func (t *connTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 // it to a transaction of its own type, so the first call adopts the open
 // transaction as one (a BEGIN the server answers with a warning).
 func (t *connTx) LargeObjects() pgx.LargeObjects {
-	if t.lo == nil && !t.closed {
+	if t.lo == nil && !t.closed.Load() {
 		if tx, err := t.conn.Begin(context.Background()); err == nil {
 			t.lo = tx
 		}
@@ -73,7 +78,7 @@ func (t *connTx) LargeObjects() pgx.LargeObjects {
 
 // Prepare prepares a statement on the connection.
 func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.closed {
+	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
 	return t.conn.Prepare(ctx, name, sql)
@@ -81,7 +86,7 @@ func (t *connTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 
 // Exec runs a statement in the transaction.
 func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed {
+	if t.closed.Load() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	return t.conn.Exec(ctx, sql, args...)
@@ -89,7 +94,7 @@ func (t *connTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 
 // Query runs a query in the transaction.
 func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.closed {
+	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
 	return t.conn.Query(ctx, sql, args...)
@@ -97,7 +102,7 @@ func (t *connTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 
 // QueryRow runs a query that returns at most one row in the transaction.
 func (t *connTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.closed {
+	if t.closed.Load() {
 		return closedRow{}
 	}
 	return t.conn.QueryRow(ctx, sql, args...)
@@ -115,7 +120,7 @@ type savepointTx struct {
 
 var _ pgx.Tx = (*savepointTx)(nil)
 
-func (s *savepointTx) live() bool { return !s.closed && !s.parent.closed }
+func (s *savepointTx) live() bool { return !s.closed && !s.parent.closed.Load() }
 
 // Begin starts a further nested savepoint.
 func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"reflect"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -27,6 +28,10 @@ import (
 // operation and the scope together must fit in 253 bytes; otherwise the call
 // fails with ErrInvalidScope.
 //
+// Req is fingerprinted through its JSON encoding, so a request type whose
+// JSON leaves something out (an unexported or `json:"-"` field) is refused:
+// two requests differing only there would share a key's result.
+//
 // Wrap never panics. An invalid db, operation, method or option makes every
 // call of the returned function fail, before any database work, with an
 // error wrapping ErrInvalidOption (or ErrInvalidTable); so does an option
@@ -45,6 +50,11 @@ func Wrap[Req, Resp any](db Beginner, operation string, method func(ctx context.
 		if err := validateText(ErrInvalidOption, operation); err != nil {
 			s.fail(err)
 		}
+	}
+	if problem := checkType(reflect.TypeFor[Req](), reflect.TypeFor[Req]().String(), forFingerprint, map[reflect.Type]bool{}); problem != "" {
+		// What JSON leaves out of req is left out of its fingerprint: two
+		// requests differing only there would share a key's result.
+		s.fail(inputError(ErrInvalidOption, "request type %v cannot be fingerprinted exactly: %s", reflect.TypeFor[Req](), problem))
 	}
 	s.operation = operation
 	return func(ctx context.Context, key string, req Req) (Resp, error) {
@@ -67,6 +77,8 @@ type wrapped[Req, Resp any] struct {
 func (w wrapped[Req, Resp]) call(ctx context.Context, c *call, tx pgx.Tx) (Resp, error) {
 	return w.method(contextWithKey(ctx, CallKey{Scope: c.scope, Key: c.key}), tx, w.req)
 }
+
+func (w wrapped[Req, Resp]) valid() bool { return w.method != nil }
 
 // wrapScope is the scope Wrap stores operation's keys under for scope. The
 // unit separators cannot occur in a valid operation or scope, which makes

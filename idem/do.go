@@ -74,10 +74,6 @@ type Beginner interface {
 // and the stored result with COMMIT. A replay is one round trip that takes no
 // lock and writes nothing.
 func Do[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(pgx.Tx) (T, error), opts ...Option) (T, error) {
-	if fn == nil {
-		var zero T
-		return zero, inputError(ErrInvalidOption, "Do needs a function")
-	}
 	v, _, err := run(ctx, db, key, reqHash, plainFn[T](fn), opts, useDo)
 	return v, err
 }
@@ -87,6 +83,8 @@ type plainFn[T any] func(pgx.Tx) (T, error)
 
 func (f plainFn[T]) call(_ context.Context, _ *call, tx pgx.Tx) (T, error) { return f(tx) }
 
+func (f plainFn[T]) valid() bool { return f != nil }
+
 // ctxFn is Run's fn, which takes the call's context.
 type ctxFn[T any] func(context.Context, pgx.Tx) (T, error)
 
@@ -94,9 +92,12 @@ func (f ctxFn[T]) call(ctx context.Context, c *call, tx pgx.Tx) (T, error) {
 	return f(contextWithKey(ctx, CallKey{Scope: c.scope, Key: c.key}), tx)
 }
 
+func (f ctxFn[T]) valid() bool { return f != nil }
+
 // work is fn, whichever shape it was given in.
 type work[T any] interface {
 	call(ctx context.Context, c *call, tx pgx.Tx) (T, error)
+	valid() bool // false for a nil function
 }
 
 // Run is Do that reports how the call ended, as singleflight's Do reports
@@ -111,10 +112,6 @@ type work[T any] interface {
 // downstream keys) and whatever the Observer's CallStart added. Everything
 // else is as for Do.
 func Run[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (T, Outcome, error) {
-	if fn == nil {
-		var zero T
-		return zero, OutcomeInvalid, inputError(ErrInvalidOption, "Run needs a function")
-	}
 	return run(ctx, db, key, reqHash, ctxFn[T](fn), opts, useRun)
 }
 
@@ -137,9 +134,16 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	}
 	obs := s.observer
 	scope, scopeErr := callScope(ctx, s)
+	returned := false
 	if obs != nil {
 		start = time.Now()
 		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
+		defer func() {
+			if !returned { // fn panicked: end the call, and let the panic go on
+				obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
+					Waited: end.Waited, Duration: time.Since(start), Err: errPanicked})
+			}
+		}()
 	}
 	var (
 		v       T
@@ -149,6 +153,7 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	if err == nil {
 		v, outcome, err = settle[T](ctx, db, s, scope, key, reqHash, fn, &end.Waited)
 	}
+	returned = true
 	if s.replayed != nil && outcome == OutcomeReplayed {
 		*s.replayed = true
 	}
@@ -168,6 +173,9 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 // the key is in progress if WithWait allows.
 func settle[T any, W work[T]](ctx context.Context, db Beginner, s *settings, scope, key, reqHash string, fn W, waited *bool) (T, Outcome, error) {
 	var zero T
+	if !fn.valid() {
+		return zero, OutcomeInvalid, inputError(ErrInvalidOption, "no function to run")
+	}
 	c, err := newCall(s, scope, key, reqHash, db)
 	if err != nil {
 		return zero, OutcomeInvalid, err
@@ -199,6 +207,9 @@ func settle[T any, W work[T]](ctx context.Context, db Beginner, s *settings, sco
 		}
 	}
 }
+
+// errPanicked is the Err an Observer sees for a call whose fn panicked.
+var errPanicked = errors.New("idem: fn panicked")
 
 func isRefusal(err error) bool {
 	var r *Refusal

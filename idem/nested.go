@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,8 +15,10 @@ import (
 // trips; the claim still travels with the savepoint that isolates fn's
 // writes from a refusal.
 type nested struct {
-	db  Beginner
-	txn pgx.Tx
+	db    Beginner
+	txn   pgx.Tx
+	fnTx  guardedTx
+	close func()
 }
 
 // txBeginner is implemented by pools and connections that take options.
@@ -30,10 +33,16 @@ func (n *nested) outer() bool {
 
 func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	var err error
-	if tb, ok := n.db.(txBeginner); ok && !n.outer() && c.s.txOpts != (pgx.TxOptions{}) {
+	tb, canOpt := n.db.(txBeginner)
+	withOpts := !n.outer() && c.s.txOpts != (pgx.TxOptions{})
+	if withOpts && canOpt {
 		n.txn, err = tb.BeginTx(ctx, c.s.txOpts)
 	} else {
 		n.txn, err = n.db.Begin(ctx)
+		if err == nil && withOpts {
+			// No BeginTx: set the modes before the first query instead.
+			_, err = n.txn.Exec(ctx, "set transaction"+strings.TrimPrefix(c.begin, "begin"))
+		}
 	}
 	if err != nil {
 		return claim{}, fmt.Errorf("begin: %w", err)
@@ -50,12 +59,17 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	if closeErr != nil {
 		return claim{}, closeErr
 	}
+	n.fnTx, n.close = newGuardedTx(n.txn)
 	return cl, nil
 }
 
-func (n *nested) tx() pgx.Tx { return dbtx.Owned{Tx: n.txn} }
+func (n *nested) tx() pgx.Tx { return n.fnTx }
 
-func (n *nested) closeTx() {}
+func (n *nested) closeTx() {
+	if n.close != nil {
+		n.close()
+	}
+}
 
 func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 	b := &pgx.Batch{}

@@ -127,10 +127,11 @@ func WithWait(d time.Duration) Option {
 
 // WithTxOptions sets the isolation and deferrable modes of the transaction
 // Do begins. AccessMode must not be read only (the key is written), and
-// BeginQuery and CommitQuery are not supported. Given an outer pgx.Tx, Do
-// runs in a savepoint of it and these options have no effect. Defaults to
+// BeginQuery and CommitQuery are not supported. Given an outer pgx.Tx, whose
+// modes are already set, the call fails with ErrInvalidOption. Defaults to
 // the server's default (READ COMMITTED unless configured otherwise).
-// Applies to Do, Run and Wrap.
+// Applies to Do, Run and Wrap. With a non-default isolation level, BEGIN
+// must precede the claim, and a replay costs a second round trip (ROLLBACK).
 func WithTxOptions(o pgx.TxOptions) Option {
 	return &option{name: "WithTxOptions", where: useCall, set: func(s *settings) error {
 		if o.AccessMode == pgx.ReadOnly || o.BeginQuery != "" || o.CommitQuery != "" {

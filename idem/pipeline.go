@@ -85,7 +85,7 @@ func (p *pipeline) tx() pgx.Tx { return p.owned }
 
 func (p *pipeline) closeTx() {
 	if p.owned != nil {
-		p.owned.closed = true
+		p.owned.closed.Store(true)
 	}
 }
 

@@ -24,7 +24,10 @@ import (
 // An error from Seal rolls the call back (nothing is stored); an error from
 // Open is returned wrapped in ErrCorruptRecord. Rows stored before a Sealer
 // was configured cannot be opened by it and replay as ErrCorruptRecord until
-// they expire.
+// they expire. Removing a Sealer is not safe while sealed rows live: the
+// sealed bytes would be read as a plain result, which may fail to decode or,
+// for a type that decodes anything, replay garbage; Forget them, or keep the
+// Sealer until they expire.
 type Sealer interface {
 	Seal(ctx context.Context, scope, key string, plain []byte) ([]byte, error)
 	Open(ctx context.Context, scope, key string, sealed []byte) ([]byte, error)

@@ -149,7 +149,8 @@ type Config struct {
 
 	// ProblemBase replaces "/problems/" in the types of the middleware's own
 	// problem answers: with "https://errors.example.com/idem/", the type of
-	// ProblemInProgress is "https://errors.example.com/idem/in-progress".
+	// ProblemInProgress is "https://errors.example.com/idem/in-progress". It
+	// is a prefix, so it ends with the separator it needs ("/" or "#").
 	// Defaults to DefaultProblemBase.
 	ProblemBase string
 
@@ -179,6 +180,9 @@ type Middleware struct {
 	replaySet map[string]bool
 	log       *slog.Logger
 	idemOpts  []idem.Option
+	// legacy: built by the deprecated New, whose options may carry an
+	// idem.WithScope that the Scope function has always overridden.
+	legacy bool
 }
 
 // NewMiddleware returns the middleware on db (an *idem.Client, whose Config
@@ -309,6 +313,7 @@ func newMiddleware(db idem.Beginner, cfg Config, legacy []idem.Option) (*Middlew
 		m.idemOpts = append(m.idemOpts, idem.WithTxOptions(cfg.TxOptions))
 	}
 	m.idemOpts = append(m.idemOpts, legacy...)
+	m.legacy = len(legacy) > 0
 	if cfg.Observer != nil {
 		m.idemOpts = append(m.idemOpts, idem.WithObserver(cfg.Observer))
 	}

@@ -15,4 +15,12 @@ type valuesFrom struct {
 	values context.Context
 }
 
-func (c valuesFrom) Value(key any) any { return c.values.Value(key) }
+func (c valuesFrom) Value(key any) any {
+	// The context package finds a context's cancellation (context.Cause,
+	// and the parent of a derived context) through Value with a key of its
+	// own, an *int: answer it from the context whose cancellation this is.
+	if _, ok := key.(*int); ok {
+		return c.Context.Value(key)
+	}
+	return c.values.Value(key)
+}

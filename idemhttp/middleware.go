@@ -104,15 +104,26 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	ctx := r.Context()
+	var legacyScope []idem.Option
 	if m.cfg.Scope != nil {
 		scope, err := m.cfg.Scope(r)
 		if err != nil {
 			h.refuse(w, r, ProblemUnauthorized, "the request has no principal to scope its key by")
 			return
 		}
-		ctx = idem.ContextWithScope(ctx, scope)
-	}
-	if scope, ok := idem.ScopeFromContext(ctx); ok {
+		if err := idem.ValidateScope(scope); err != nil {
+			h.refuse(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key: "+err.Error())
+			return
+		}
+		if m.legacy {
+			// The deprecated New let the Scope function override an
+			// idem.WithScope among its idem options: keep that precedence
+			// by passing the scope as the last option.
+			legacyScope = []idem.Option{idem.WithScope(scope)} //nolint:staticcheck // SA1019: the deprecated path keeps its behaviour
+		} else {
+			ctx = idem.ContextWithScope(ctx, scope)
+		}
+	} else if scope, ok := idem.ScopeFromContext(ctx); ok {
 		if err := idem.ValidateScope(scope); err != nil {
 			h.refuse(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key: "+err.Error())
 			return
@@ -137,9 +148,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 
 	obs := newObservation(m, h.observer())
-	opts := m.idemOpts
+	answered := false
+	defer func() {
+		if !answered {
+			obs.done(0) // the handler panicked: end the call's observation
+		}
+	}()
+	opts := append(slices.Clip(m.idemOpts), legacyScope...)
 	if obs != nil {
-		opts = append(slices.Clip(opts), idem.WithObserver(obs))
+		opts = append(opts, idem.WithObserver(obs))
 	}
 	var captured *capture
 	stored, outcome, err := idem.Run(callCtx, m.db, key, fingerprint, func(workCtx context.Context, tx pgx.Tx) (response, error) {
@@ -168,6 +185,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}, opts...)
 
 	status := h.answer(w, r, ctx, captured, stored, outcome, err)
+	answered = true
 	obs.done(status)
 }
 
@@ -178,7 +196,7 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 		return stored.writeTo(w, true, h.m.replaySet)
 	case err == nil || outcome == idem.OutcomeRefused || errors.Is(err, errNotStored):
 		return captured.full().writeTo(w, false, nil)
-	case errors.Is(err, errResponseTooLarge):
+	case errors.Is(err, errResponseTooLarge) || errors.Is(err, idem.ErrResultTooLarge):
 		return h.fail(w, r, ProblemResponseTooLarge, fmt.Sprintf("the response exceeds %d bytes and was not stored; nothing was committed", h.m.cfg.MaxResponseBytes), err)
 	case errors.Is(err, idem.ErrMismatch):
 		return h.problem(w, r, ProblemKeyMismatch, "this key was used with a different request; use a new key for a new request")

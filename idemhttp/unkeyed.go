@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/internal/dbtx"
 )
 
@@ -45,10 +46,13 @@ func (h *handler) serveUnkeyed(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		if err != nil {
 			rollback()
-			if dbtx.CommitOutcomeUnknown(err) {
+			switch {
+			case dbtx.CommitOutcomeUnknown(err):
 				h.fail(w, r, ProblemOutcomeUnknown, "the connection failed while the transaction was committing; whether it committed is unknown", err)
-			} else {
+			case idem.Retryable(err):
 				h.fail(w, r, ProblemUnavailable, "the transaction did not commit; retry later", err)
+			default: // a deferred constraint, say: a retry fails the same way
+				h.fail(w, r, ProblemInternal, "the transaction did not commit", err)
 			}
 			return
 		}

@@ -3,9 +3,15 @@
 -- The advisory lock taken to probe is released when this statement's
 -- implicit transaction ends.
 --   $1 scope   $2 key
-SELECT NOT busy.free, k.request_hash, k.status, k.response, k.refusal,
+SELECT busy.held, k.request_hash, k.status, k.response, k.refusal,
        k.created_at, k.completed_at,
        coalesce(k.completed_at, k.created_at) + (k.expires_at - k.created_at)
-FROM (SELECT pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                       hashtext($1 || E'\x1f' || $2)) AS free) AS busy
+FROM (SELECT EXISTS (
+          SELECT 1 FROM pg_locks
+          WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+            AND pid <> pg_backend_pid()
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND classid = 'idempotency_keys'::regclass::oid
+            AND objid = (hashtext($1 || E'\x1f' || $2)::bigint & 4294967295)::oid
+      ) AS held) AS busy
 LEFT JOIN idempotency_keys AS k ON k.scope = $1 AND k.idempotency_key = $2
