@@ -1,0 +1,135 @@
+package idemhttp_test
+
+// Review tests: each fails on the code under review and names the defect it
+// shows.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/idemhttp"
+)
+
+// The handler's context under a key is mergeValues(request, call): its Err
+// is the request's, but context.Cause looks the cancelCtx up through Value,
+// which answers from the call's context, so Cause is nil on a canceled
+// context (the context package promises non-nil) and the cause an upstream
+// middleware gave (WithTimeoutCause, WithCancelCause) is lost. Without a key,
+// and before the rework, the handler saw the request's own context.
+func TestReviewHandlerContextCause(t *testing.T) {
+	t.Parallel()
+	errUpstream := errors.New("upstream deadline for this route")
+	for _, keyed := range []bool{false, true} {
+		name := map[bool]string{false: "without key", true: "with key"}[keyed]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			var gotErr, gotCause error
+			a := newConfigured(t, nil, func(mux *http.ServeMux, _ *app) {
+				mux.HandleFunc("POST /cause", func(w http.ResponseWriter, r *http.Request) {
+					cancel(errUpstream) // the upstream gives up while the handler runs
+					gotErr, gotCause = r.Context().Err(), context.Cause(r.Context())
+					w.WriteHeader(http.StatusNoContent)
+				})
+			})
+			r := httptest.NewRequest(http.MethodPost, "/cause", bytes.NewReader([]byte("{}"))).WithContext(ctx)
+			if keyed {
+				r.Header.Set(idemhttp.HeaderKey, "k")
+			}
+			a.handler.ServeHTTP(httptest.NewRecorder(), r)
+			if !errors.Is(gotErr, context.Canceled) || gotCause != errUpstream {
+				t.Fatalf("in the handler: Err %v, Cause %v; want context.Canceled and the upstream's cause", gotErr, gotCause)
+			}
+		})
+	}
+}
+
+// reviewObserver counts CallStart and CallEnd.
+type reviewObserver struct {
+	mu           sync.Mutex
+	starts, ends int
+}
+
+func (o *reviewObserver) CallStart(ctx context.Context, _ idem.CallStart) context.Context {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.starts++
+	return ctx
+}
+
+func (o *reviewObserver) CallEnd(context.Context, idem.CallEnd) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.ends++
+}
+
+// A handler panic under a key: the Observer got CallStart and never gets
+// CallEnd (neither from idem.Run nor from the middleware's held end), so an
+// OpenTelemetry span begun for the request is never ended.
+func TestReviewObserverEndsOnHandlerPanic(t *testing.T) {
+	t.Parallel()
+	obs := &reviewObserver{}
+	a := newConfigured(t, &idemhttp.Config{Observer: obs})
+	func() {
+		defer func() { _ = recover() }()
+		a.post("k", -3) // the app panics for amount -3
+	}()
+	if obs.starts != 1 || obs.ends != 1 {
+		t.Fatalf("handler panicked under a key: %d CallStart, %d CallEnd; want one of each", obs.starts, obs.ends)
+	}
+}
+
+// Deprecated path: idemhttp.New with WithScope(principal) and
+// WithIdemOptions(idem.WithScope(namespace)) worked before the rework (the
+// principal's scope, set last, won). Now the principal travels in the
+// context, the two scopes conflict, and every keyed request is answered 400,
+// with nothing said at New, which checks the configuration "at start-up".
+func TestReviewDeprecatedScopeCombination(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		_ = recover() // refusing the configuration at New would be fine
+	}()
+	a := newApp(t,
+		idemhttp.WithScope(func(r *http.Request) (string, error) { return "user-1", nil }),
+		idemhttp.WithIdemOptions(idem.WithScope("billing")))
+	if w := a.post("k", 5); w.Code != http.StatusCreated {
+		t.Fatalf("deprecated New(WithScope(f), WithIdemOptions(idem.WithScope(s))): every keyed request is %d %s", w.Code, w.Body.String())
+	}
+}
+
+// A response within Config.MaxResponseBytes but over the Client's
+// Config.MaxResultBytes fails with idem.ErrResultTooLarge, which the
+// middleware answers 500 internal-error (and logs as an unexplained internal
+// failure), not response-too-large.
+func TestReviewResultLimitOfTheClient(t *testing.T) {
+	t.Parallel()
+	a := newConfigured(t, nil) // only for its database
+	keys, err := idem.NewClient(a.pool, &idem.Config{MaxResultBytes: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 4<<10))
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set(idemhttp.HeaderKey, "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	wantProblem(t, w, http.StatusInternalServerError, idemhttp.ProblemResponseTooLarge)
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

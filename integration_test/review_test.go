@@ -1,0 +1,339 @@
+package integration_test
+
+// Review tests: each fails on the code under review and names the defect it
+// shows. They are meant to be cherry-picked with (or before) their fixes.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/idem"
+)
+
+// A result type stored with its own MarshalBinary (time.Time is one) is
+// returned by the first call "as it is", not in its stored form, so the
+// first call and a replay differ: the monotonic reading and the named zone
+// are not stored. Do's doc promises reflect.DeepEqual.
+func TestReviewBinaryResultFirstCallEqualsReplay(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	zone, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		zone = time.FixedZone("EST", -5*3600) // still a named zone
+	}
+	fn := func(pgx.Tx) (time.Time, error) { return time.Now().In(zone), nil }
+	first, err := idem.Do(ctx, s.pool, "k", "h", fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay, err := idem.Do(ctx, s.pool, "k", "h", fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(first, replay) {
+		t.Fatalf("first call and replay of a time.Time differ:\n first  %#v\n replay %#v", first, replay)
+	}
+}
+
+// stampedEvent embeds time.Time, whose MarshalBinary (and MarshalJSON) are
+// promoted to the struct: encoding it stores the time only, and Note is
+// silently lost. The first call returns Note; replays do not.
+type stampedEvent struct {
+	time.Time
+	Note string
+}
+
+func TestReviewEmbeddedMarshalerLosesFields(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	fn := func(pgx.Tx) (stampedEvent, error) { return stampedEvent{Time: at, Note: "refund 42"}, nil }
+	first, err := idem.Do(ctx, s.pool, "k", "h", fn)
+	if err != nil {
+		// Refusing the type up front would be a correct answer too.
+		if errors.Is(err, idem.ErrInvalidOption) {
+			return
+		}
+		t.Fatal(err)
+	}
+	replay, err := idem.Do(ctx, s.pool, "k", "h", fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(first, replay) || replay.Note != "refund 42" {
+		t.Fatalf("a struct embedding time.Time was accepted and does not replay exactly:\n first  Note %q\n replay Note %q", first.Note, replay.Note)
+	}
+}
+
+// onlyMarshals has MarshalJSON but no UnmarshalJSON: encoding/json writes
+// its own form and decodes by reflection into the exported fields, which do
+// not match. checkStorable accepts it (exported fields only), and Do silently
+// returns a value other than the one fn returned.
+type onlyMarshals struct {
+	Cents int64
+}
+
+func (o onlyMarshals) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]string{"amount": fmt.Sprintf("%d.%02d", o.Cents/100, o.Cents%100)})
+}
+
+// shadowed has two fields that encoding/json leaves out without an error:
+// Base.ID is shadowed by the outer ID, and A.Ref and B.Ref conflict at the
+// same depth, so neither is encoded.
+type shadowBase struct{ ID int64 }
+type shadowA struct{ Ref string }
+type shadowB struct{ Ref string }
+type shadowed struct {
+	shadowBase
+	shadowA
+	shadowB
+	ID int64
+}
+
+func TestReviewLossyResultTypesAccepted(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	v, err := idem.Do(ctx, s.pool, "k1", "h", func(pgx.Tx) (onlyMarshals, error) { return onlyMarshals{Cents: 1234}, nil })
+	switch {
+	case errors.Is(err, idem.ErrInvalidOption):
+	case err != nil:
+		t.Fatal(err)
+	case v.Cents != 1234:
+		t.Errorf("fn returned onlyMarshals{Cents: 1234}; Do returned %+v, without an error (a MarshalJSON without UnmarshalJSON is accepted)", v)
+	}
+	w, err := idem.Do(ctx, s.pool, "k2", "h", func(pgx.Tx) (shadowed, error) {
+		return shadowed{shadowBase{7}, shadowA{"a"}, shadowB{"b"}, 9}, nil
+	})
+	switch {
+	case errors.Is(err, idem.ErrInvalidOption):
+	case err != nil:
+		t.Fatal(err)
+	case w.shadowBase.ID != 7 || w.shadowA.Ref != "a" || w.shadowB.Ref != "b":
+		t.Errorf("fn returned shadowed{{7}, {a}, {b}, 9}; Do returned %+v, without an error (fields JSON drops are accepted)", w)
+	}
+}
+
+// withBlank uses the blank-field idiom that forces keyed literals; a blank
+// field holds nothing, yet the type is refused as having an unexported field.
+type withBlank struct {
+	_      struct{}
+	Amount int64
+}
+
+func TestReviewBlankFieldRefused(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	v, err := idem.Do(context.Background(), s.pool, "k", "h", func(pgx.Tx) (withBlank, error) { return withBlank{Amount: 5}, nil })
+	if err != nil || v.Amount != 5 {
+		t.Fatalf("a struct with a blank (_) field: %+v, %v; want it stored", v, err)
+	}
+}
+
+// Lookup promises to take no lock that outlives its statement; on a Client
+// bound to an outer transaction (Client.On), its probe's advisory lock is a
+// transaction lock of that outer transaction, and every claim of the key
+// elsewhere answers ErrInProgress until it ends, though nothing is in
+// progress.
+func TestReviewLookupOnOuterTxBlocksClaims(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	keys, err := idem.NewClient(s.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := keys.Forget(ctx, "", "k"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := keys.On(tx).Lookup(ctx, "", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Lookup: %v", err)
+	}
+	_, err = idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 2, nil })
+	if err != nil {
+		t.Fatalf("a claim after a Lookup (inside an open transaction elsewhere) of a key nobody holds: %v", err)
+	}
+}
+
+// beginOnly is a Beginner that is neither a pool nor a connection and has no
+// BeginTx: a tracing wrapper, say.
+type beginOnly struct{ pool *pgxpool.Pool }
+
+func (b beginOnly) Begin(ctx context.Context) (pgx.Tx, error) { return b.pool.Begin(ctx) }
+
+// WithTxOptions promises the isolation level of the transaction Do begins
+// (only an outer pgx.Tx is exempt). Given any other Beginner without BeginTx,
+// it is dropped silently: fn runs at READ COMMITTED while the caller asked for
+// SERIALIZABLE. (idemhttp's keyless path, on the same database, fails every
+// request instead.)
+func TestReviewTxOptionsSilentlyIgnored(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	level, err := idem.Do(context.Background(), beginOnly{s.pool}, "k", "h", func(tx pgx.Tx) (string, error) {
+		var level string
+		err := tx.QueryRow(context.Background(), "SHOW transaction_isolation").Scan(&level)
+		return level, err
+	}, idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable}))
+	if err == nil && level != "serializable" {
+		t.Fatalf("WithTxOptions(Serializable) on a Beginner without BeginTx: fn ran at %q, without an error", level)
+	}
+}
+
+// countingObserver counts CallStart and CallEnd.
+type countingObserver struct {
+	mu           sync.Mutex
+	starts, ends int
+}
+
+func (o *countingObserver) CallStart(ctx context.Context, _ idem.CallStart) context.Context {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.starts++
+	return ctx
+}
+
+func (o *countingObserver) CallEnd(context.Context, idem.CallEnd) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.ends++
+}
+
+// The Observer doc: CallEnd runs once per CallStart. A panic in fn skips
+// CallEnd: a span begun in CallStart is never ended, an in-flight gauge never
+// decremented, and the failure is not counted.
+func TestReviewObserverEndsWhenFnPanics(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	obs := &countingObserver{}
+	func() {
+		defer func() { _ = recover() }()
+		_, _, _ = idem.Run(context.Background(), s.pool, "k", "h", func(context.Context, pgx.Tx) (int, error) {
+			panic("boom")
+		}, idem.WithObserver(obs))
+	}()
+	if obs.starts != 1 || obs.ends != 1 {
+		t.Fatalf("fn panicked: %d CallStart, %d CallEnd; want one of each", obs.starts, obs.ends)
+	}
+}
+
+// Do without a function fails validation but tells no Observer, while every
+// other validation failure (a bad key, scope or option) is reported as
+// OutcomeInvalid.
+func TestReviewObserverSeesNilFn(t *testing.T) {
+	t.Parallel()
+	obs := &countingObserver{}
+	_, err := idem.Do[int](context.Background(), nil, "k", "h", nil, idem.WithObserver(obs))
+	if !errors.Is(err, idem.ErrInvalidOption) {
+		t.Fatal(err)
+	}
+	if obs.starts != 1 || obs.ends != 1 {
+		t.Fatalf("Do with a nil fn: %d CallStart, %d CallEnd; want one of each, as for any invalid call", obs.starts, obs.ends)
+	}
+}
+
+// Wrap "never panics: an invalid db ... makes every call of the returned
+// function fail ... with an error wrapping ErrInvalidOption". A nil
+// *pgxpool.Pool (a package-level Wrap built before the pool is opened) or a
+// nil *idem.Client passes the db == nil check and panics on the first call.
+func TestReviewWrapTypedNilDatabase(t *testing.T) {
+	t.Parallel()
+	method := func(context.Context, pgx.Tx, int) (int, error) { return 1, nil }
+	for name, db := range map[string]idem.Beginner{
+		"nil *pgxpool.Pool": (*pgxpool.Pool)(nil),
+		"nil *idem.Client":  (*idem.Client)(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("Wrap(%s) call panicked: %v", name, p)
+					}
+				}()
+				_, err = idem.Wrap(db, "op", method)(context.Background(), "k", 1)
+			}()
+			if !errors.Is(err, idem.ErrInvalidOption) {
+				t.Fatalf("Wrap(%s): %v, want ErrInvalidOption", name, err)
+			}
+		})
+	}
+}
+
+// onlyUnmarshals has UnmarshalJSON but no MarshalJSON: encoding/json writes
+// the fields by reflection and reads them with the method, which expects
+// another form. checkStorable accepts the type, fn runs, and then every call
+// fails after the work, with fn's writes rolled back, instead of the type
+// being refused before fn runs.
+type onlyUnmarshals struct {
+	Cents int64
+}
+
+func (o *onlyUnmarshals) UnmarshalJSON(b []byte) error {
+	var v struct{ Amount string }
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	_, err := fmt.Sscanf(v.Amount, "%d", &o.Cents)
+	return err
+}
+
+func TestReviewOneWayJSONRefusedUpFront(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ran := false
+	_, err := idem.Do(context.Background(), s.pool, "k", "h", func(pgx.Tx) (onlyUnmarshals, error) {
+		ran = true
+		return onlyUnmarshals{Cents: 5}, nil
+	})
+	if err != nil && ran && !errors.Is(err, idem.ErrInvalidOption) {
+		t.Fatalf("a type with UnmarshalJSON but no MarshalJSON: fn ran, then the call failed: %v; want ErrInvalidOption before fn runs (or a working round trip)", err)
+	}
+}
+
+// binaryByPointer follows the refusal message's own advice ("give the type
+// MarshalBinary/UnmarshalBinary methods") with pointer receivers, the usual
+// choice for a struct: it is still refused for its unexported field, because
+// isBinary only looks at T's value method set (MarshalJSON on a pointer
+// receiver is accepted by marshalsItself).
+type binaryByPointer struct {
+	amount int64
+}
+
+func (b *binaryByPointer) MarshalBinary() ([]byte, error) {
+	return []byte(fmt.Sprint(b.amount)), nil
+}
+
+func (b *binaryByPointer) UnmarshalBinary(p []byte) error {
+	_, err := fmt.Sscan(string(p), &b.amount)
+	return err
+}
+
+func TestReviewPointerReceiverMarshalBinary(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	v, err := idem.Do(context.Background(), s.pool, "k", "h", func(pgx.Tx) (binaryByPointer, error) {
+		return binaryByPointer{amount: 42}, nil
+	})
+	if err != nil || v.amount != 42 {
+		t.Fatalf("a type with (*T).MarshalBinary and (*T).UnmarshalBinary: %+v, %v; want it stored with them", v, err)
+	}
+}
