@@ -337,3 +337,37 @@ func TestReviewPointerReceiverMarshalBinary(t *testing.T) {
 		t.Fatalf("a type with (*T).MarshalBinary and (*T).UnmarshalBinary: %+v, %v; want it stored with them", v, err)
 	}
 }
+
+// money keeps its amount unexported (a common value-object style) and has no
+// MarshalJSON: json.Marshal writes {} for every amount.
+type money struct{ cents int64 }
+
+type transferRequest struct {
+	To     int64
+	Amount money
+}
+
+// Wrap fingerprints req with HashJSON, which sees only what json.Marshal
+// writes. A request type with parts JSON leaves out (unexported fields,
+// json:"-", a value object like money) hashes equal for different requests,
+// so a key reused for another request is replayed instead of answered
+// ErrMismatch. The result type is checked for exactly this (checkStorable);
+// the request type is not.
+func TestReviewWrapRequestHashBlindSpot(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	transfer := idem.Wrap(s.pool, "transfers.create", func(ctx context.Context, tx pgx.Tx, req transferRequest) (int64, error) {
+		return req.Amount.cents, nil
+	})
+	ctx := context.Background()
+	if _, err := transfer(ctx, "k", transferRequest{To: 2, Amount: money{500}}); err != nil {
+		if errors.Is(err, idem.ErrInvalidOption) {
+			return // refusing the request type is a fix
+		}
+		t.Fatal(err)
+	}
+	moved, err := transfer(ctx, "k", transferRequest{To: 2, Amount: money{500_000}})
+	if !errors.Is(err, idem.ErrMismatch) {
+		t.Fatalf("the same key with another amount: %d, %v; want ErrMismatch (or the request type refused)", moved, err)
+	}
+}
