@@ -20,10 +20,10 @@ import (
 
 // The handler's context under a key is mergeValues(request, call): its Err
 // is the request's, but context.Cause looks the cancelCtx up through Value,
-// which answers from the call's context, so Cause is nil on a canceled
-// context (the context package promises non-nil) and the cause an upstream
-// middleware gave (WithTimeoutCause, WithCancelCause) is lost. Without a key,
-// and before the rework, the handler saw the request's own context.
+// which answers from the call's context (not canceled), so Cause falls back
+// to Err and the cause an upstream middleware gave (WithTimeoutCause,
+// WithCancelCause) is lost. Without a key, and before the rework, the handler
+// saw the request's own context and its cause.
 func TestReviewHandlerContextCause(t *testing.T) {
 	t.Parallel()
 	errUpstream := errors.New("upstream deadline for this route")
