@@ -7,10 +7,10 @@ import (
 	"testing"
 )
 
-// FuzzReviewResponseRoundTrip: every response the middleware can store
+// FuzzResponseRoundTrip: every response the middleware can store
 // (a final status up to 599, any replayable header values, any body)
 // decodes to itself.
-func FuzzReviewResponseRoundTrip(f *testing.F) {
+func FuzzResponseRoundTrip(f *testing.F) {
 	f.Add(201, "Location", "/x", "Etag", `"1"`, []byte("ok"))
 	f.Add(402, "Content-Type", "", "Content-Type", "text/plain", []byte{})
 	f.Fuzz(func(t *testing.T, status int, n1, v1, n2, v2 string, body []byte) {

@@ -1,7 +1,8 @@
 package integration_test
 
-// Review tests: each fails on the code under review and names the defect it
-// shows. They are meant to be cherry-picked with (or before) their fixes.
+// Edges of the contract: result and request types that JSON does not carry
+// exactly, transaction options, observers on panics, typed-nil databases
+// and Lookup inside an outer transaction.
 
 import (
 	"context"
@@ -20,10 +21,10 @@ import (
 )
 
 // A result type stored with its own MarshalBinary (time.Time is one) is
-// returned by the first call "as it is", not in its stored form, so the
-// first call and a replay differ: the monotonic reading and the named zone
-// are not stored. Do's doc promises reflect.DeepEqual.
-func TestReviewBinaryResultFirstCallEqualsReplay(t *testing.T) {
+// returned by the first call in its stored form, as every replay returns it:
+// the monotonic reading and the named zone are not stored, and the first call
+// does not keep them either.
+func TestBinaryResultFirstCallEqualsReplay(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ctx := context.Background()
@@ -46,14 +47,14 @@ func TestReviewBinaryResultFirstCallEqualsReplay(t *testing.T) {
 }
 
 // stampedEvent embeds time.Time, whose MarshalBinary (and MarshalJSON) are
-// promoted to the struct: encoding it stores the time only, and Note is
-// silently lost. The first call returns Note; replays do not.
+// promoted to the struct: encoding it would store the time only and lose
+// Note, so the type is refused before fn runs.
 type stampedEvent struct {
 	time.Time
 	Note string
 }
 
-func TestReviewEmbeddedMarshalerLosesFields(t *testing.T) {
+func TestEmbeddedMarshalerRefused(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ctx := context.Background()
@@ -78,8 +79,7 @@ func TestReviewEmbeddedMarshalerLosesFields(t *testing.T) {
 
 // onlyMarshals has MarshalJSON but no UnmarshalJSON: encoding/json writes
 // its own form and decodes by reflection into the exported fields, which do
-// not match. checkStorable accepts it (exported fields only), and Do silently
-// returns a value other than the one fn returned.
+// not match, so the type is refused.
 type onlyMarshals struct {
 	Cents int64
 }
@@ -90,7 +90,7 @@ func (o onlyMarshals) MarshalJSON() ([]byte, error) {
 
 // shadowed has two fields that encoding/json leaves out without an error:
 // Base.ID is shadowed by the outer ID, and A.Ref and B.Ref conflict at the
-// same depth, so neither is encoded.
+// same depth, so neither would be encoded; the type is refused.
 type shadowBase struct{ ID int64 }
 type shadowA struct{ Ref string }
 type shadowB struct{ Ref string }
@@ -101,7 +101,7 @@ type shadowed struct {
 	ID int64
 }
 
-func TestReviewLossyResultTypesAccepted(t *testing.T) {
+func TestLossyResultTypesRefused(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ctx := context.Background()
@@ -126,13 +126,13 @@ func TestReviewLossyResultTypesAccepted(t *testing.T) {
 }
 
 // withBlank uses the blank-field idiom that forces keyed literals; a blank
-// field holds nothing, yet the type is refused as having an unexported field.
+// field holds nothing, and the type is accepted.
 type withBlank struct {
 	_      struct{}
 	Amount int64
 }
 
-func TestReviewBlankFieldRefused(t *testing.T) {
+func TestBlankFieldAccepted(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	v, err := idem.Do(context.Background(), s.pool, "k", "h", func(pgx.Tx) (withBlank, error) { return withBlank{Amount: 5}, nil })
@@ -141,12 +141,10 @@ func TestReviewBlankFieldRefused(t *testing.T) {
 	}
 }
 
-// Lookup promises to take no lock that outlives its statement; on a Client
-// bound to an outer transaction (Client.On), its probe's advisory lock is a
-// transaction lock of that outer transaction, and every claim of the key
-// elsewhere answers ErrInProgress until it ends, though nothing is in
-// progress.
-func TestReviewLookupOnOuterTxBlocksClaims(t *testing.T) {
+// Lookup takes no lock that outlives its statement, even on a Client bound
+// to an outer transaction (Client.On): it reads pg_locks to tell a key in
+// progress, so a claim of the key elsewhere is not answered ErrInProgress.
+func TestLookupOnOuterTxTakesNoLock(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ctx := context.Background()
@@ -180,12 +178,10 @@ type beginOnly struct{ pool *pgxpool.Pool }
 
 func (b beginOnly) Begin(ctx context.Context) (pgx.Tx, error) { return b.pool.Begin(ctx) }
 
-// WithTxOptions promises the isolation level of the transaction Do begins
-// (only an outer pgx.Tx is exempt). Given any other Beginner without BeginTx,
-// it is dropped silently: fn runs at READ COMMITTED while the caller asked for
-// SERIALIZABLE. (idemhttp's keyless path, on the same database, fails every
-// request instead.)
-func TestReviewTxOptionsSilentlyIgnored(t *testing.T) {
+// WithTxOptions sets the isolation level of the transaction Do begins, also
+// on a Beginner without BeginTx (a tracing wrapper): the modes are then set
+// with SET TRANSACTION before the claim.
+func TestTxOptionsWithoutBeginTx(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	level, err := idem.Do(context.Background(), beginOnly{s.pool}, "k", "h", func(tx pgx.Tx) (string, error) {
@@ -217,10 +213,9 @@ func (o *countingObserver) CallEnd(context.Context, idem.CallEnd) {
 	o.ends++
 }
 
-// The Observer doc: CallEnd runs once per CallStart. A panic in fn skips
-// CallEnd: a span begun in CallStart is never ended, an in-flight gauge never
-// decremented, and the failure is not counted.
-func TestReviewObserverEndsWhenFnPanics(t *testing.T) {
+// CallEnd runs once per CallStart, also when fn panics: a span begun in
+// CallStart is ended and the failure counted, and the panic goes on.
+func TestObserverEndsWhenFnPanics(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	obs := &countingObserver{}
@@ -235,10 +230,9 @@ func TestReviewObserverEndsWhenFnPanics(t *testing.T) {
 	}
 }
 
-// Do without a function fails validation but tells no Observer, while every
-// other validation failure (a bad key, scope or option) is reported as
-// OutcomeInvalid.
-func TestReviewObserverSeesNilFn(t *testing.T) {
+// Do without a function fails validation and reports it to the Observer as
+// OutcomeInvalid, like every other validation failure.
+func TestObserverSeesNilFn(t *testing.T) {
 	t.Parallel()
 	obs := &countingObserver{}
 	_, err := idem.Do[int](context.Background(), nil, "k", "h", nil, idem.WithObserver(obs))
@@ -250,11 +244,10 @@ func TestReviewObserverSeesNilFn(t *testing.T) {
 	}
 }
 
-// Wrap "never panics: an invalid db ... makes every call of the returned
-// function fail ... with an error wrapping ErrInvalidOption". A nil
-// *pgxpool.Pool (a package-level Wrap built before the pool is opened) or a
-// nil *idem.Client passes the db == nil check and panics on the first call.
-func TestReviewWrapTypedNilDatabase(t *testing.T) {
+// Wrap never panics: a nil *pgxpool.Pool (a package-level Wrap built
+// before the pool is opened) or a nil *idem.Client makes every call fail
+// with ErrInvalidOption, as Do and Run do.
+func TestTypedNilDatabase(t *testing.T) {
 	t.Parallel()
 	method := func(context.Context, pgx.Tx, int) (int, error) { return 1, nil }
 	for name, db := range map[string]idem.Beginner{
@@ -280,9 +273,8 @@ func TestReviewWrapTypedNilDatabase(t *testing.T) {
 
 // onlyUnmarshals has UnmarshalJSON but no MarshalJSON: encoding/json writes
 // the fields by reflection and reads them with the method, which expects
-// another form. checkStorable accepts the type, fn runs, and then every call
-// fails after the work, with fn's writes rolled back, instead of the type
-// being refused before fn runs.
+// another form. The type is refused before fn runs, rather than failing
+// every call after the work.
 type onlyUnmarshals struct {
 	Cents int64
 }
@@ -296,7 +288,7 @@ func (o *onlyUnmarshals) UnmarshalJSON(b []byte) error {
 	return err
 }
 
-func TestReviewOneWayJSONRefusedUpFront(t *testing.T) {
+func TestOneWayJSONRefusedUpFront(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	ran := false
@@ -309,11 +301,9 @@ func TestReviewOneWayJSONRefusedUpFront(t *testing.T) {
 	}
 }
 
-// binaryByPointer follows the refusal message's own advice ("give the type
-// MarshalBinary/UnmarshalBinary methods") with pointer receivers, the usual
-// choice for a struct: it is still refused for its unexported field, because
-// isBinary only looks at T's value method set (MarshalJSON on a pointer
-// receiver is accepted by marshalsItself).
+// binaryByPointer has MarshalBinary/UnmarshalBinary with pointer receivers,
+// the usual choice for a struct: it is stored with them, whatever fields it
+// has.
 type binaryByPointer struct {
 	amount int64
 }
@@ -327,7 +317,7 @@ func (b *binaryByPointer) UnmarshalBinary(p []byte) error {
 	return err
 }
 
-func TestReviewPointerReceiverMarshalBinary(t *testing.T) {
+func TestPointerReceiverMarshalBinary(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	v, err := idem.Do(context.Background(), s.pool, "k", "h", func(pgx.Tx) (binaryByPointer, error) {
@@ -349,11 +339,9 @@ type transferRequest struct {
 
 // Wrap fingerprints req with HashJSON, which sees only what json.Marshal
 // writes. A request type with parts JSON leaves out (unexported fields,
-// json:"-", a value object like money) hashes equal for different requests,
-// so a key reused for another request is replayed instead of answered
-// ErrMismatch. The result type is checked for exactly this (checkStorable);
-// the request type is not.
-func TestReviewWrapRequestHashBlindSpot(t *testing.T) {
+// json:"-", a value object like money) would hash equal for different
+// requests and replay instead of answering ErrMismatch, so it is refused.
+func TestWrapRefusesUnfingerprintableRequests(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	transfer := idem.Wrap(s.pool, "transfers.create", func(ctx context.Context, tx pgx.Tx, req transferRequest) (int64, error) {

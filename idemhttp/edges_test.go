@@ -1,7 +1,7 @@
 package idemhttp_test
 
-// Review tests: each fails on the code under review and names the defect it
-// shows.
+// Edges of the middleware: the handler's context, observers on panics,
+// deprecated option combinations and the Client's result limit.
 
 import (
 	"bytes"
@@ -18,13 +18,10 @@ import (
 	"github.com/idemhq/idem/idemhttp"
 )
 
-// The handler's context under a key is mergeValues(request, call): its Err
-// is the request's, but context.Cause looks the cancelCtx up through Value,
-// which answers from the call's context (not canceled), so Cause falls back
-// to Err and the cause an upstream middleware gave (WithTimeoutCause,
-// WithCancelCause) is lost. Without a key, and before the rework, the handler
-// saw the request's own context and its cause.
-func TestReviewHandlerContextCause(t *testing.T) {
+// The handler's context under a key carries the request's cancellation and
+// its cause: context.Cause returns the cause an upstream middleware gave
+// (WithTimeoutCause, WithCancelCause), as without a key.
+func TestHandlerContextCause(t *testing.T) {
 	t.Parallel()
 	errUpstream := errors.New("upstream deadline for this route")
 	for _, keyed := range []bool{false, true} {
@@ -53,31 +50,30 @@ func TestReviewHandlerContextCause(t *testing.T) {
 	}
 }
 
-// reviewObserver counts CallStart and CallEnd.
-type reviewObserver struct {
+// countingObserver counts CallStart and CallEnd.
+type countingObserver struct {
 	mu           sync.Mutex
 	starts, ends int
 }
 
-func (o *reviewObserver) CallStart(ctx context.Context, _ idem.CallStart) context.Context {
+func (o *countingObserver) CallStart(ctx context.Context, _ idem.CallStart) context.Context {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.starts++
 	return ctx
 }
 
-func (o *reviewObserver) CallEnd(context.Context, idem.CallEnd) {
+func (o *countingObserver) CallEnd(context.Context, idem.CallEnd) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.ends++
 }
 
-// A handler panic under a key: the Observer got CallStart and never gets
-// CallEnd (neither from idem.Run nor from the middleware's held end), so an
-// OpenTelemetry span begun for the request is never ended.
-func TestReviewObserverEndsOnHandlerPanic(t *testing.T) {
+// A handler panic under a key ends the Observer's call (CallEnd runs once per
+// CallStart), so a span begun for the request is ended.
+func TestObserverEndsOnHandlerPanic(t *testing.T) {
 	t.Parallel()
-	obs := &reviewObserver{}
+	obs := &countingObserver{}
 	a := newConfigured(t, &idemhttp.Config{Observer: obs})
 	func() {
 		defer func() { _ = recover() }()
@@ -89,11 +85,9 @@ func TestReviewObserverEndsOnHandlerPanic(t *testing.T) {
 }
 
 // Deprecated path: idemhttp.New with WithScope(principal) and
-// WithIdemOptions(idem.WithScope(namespace)) worked before the rework (the
-// principal's scope, set last, won). Now the principal travels in the
-// context, the two scopes conflict, and every keyed request is answered 400,
-// with nothing said at New, which checks the configuration "at start-up".
-func TestReviewDeprecatedScopeCombination(t *testing.T) {
+// WithIdemOptions(idem.WithScope(namespace)): the principal's scope wins, as
+// it always did.
+func TestDeprecatedScopeCombination(t *testing.T) {
 	t.Parallel()
 	defer func() {
 		_ = recover() // refusing the configuration at New would be fine
@@ -107,10 +101,9 @@ func TestReviewDeprecatedScopeCombination(t *testing.T) {
 }
 
 // A response within Config.MaxResponseBytes but over the Client's
-// Config.MaxResultBytes fails with idem.ErrResultTooLarge, which the
-// middleware answers 500 internal-error (and logs as an unexplained internal
-// failure), not response-too-large.
-func TestReviewResultLimitOfTheClient(t *testing.T) {
+// Config.MaxResultBytes is answered 500 response-too-large, like one over
+// MaxResponseBytes.
+func TestResultLimitOfTheClient(t *testing.T) {
 	t.Parallel()
 	a := newConfigured(t, nil) // only for its database
 	keys, err := idem.NewClient(a.pool, &idem.Config{MaxResultBytes: 1 << 10})

@@ -5,10 +5,10 @@ import (
 	"testing"
 )
 
-// FuzzReviewEnvelope: unmarshalEnvelope never panics on what a Sealer
+// FuzzEnvelope: unmarshalEnvelope never panics on what a Sealer
 // opened, and what marshal writes comes back whole for its own key and is
 // refused for any other.
-func FuzzReviewEnvelope(f *testing.F) {
+func FuzzEnvelope(f *testing.F) {
 	f.Add([]byte{1, 0, 1, 'k', 9, 'c', 'o', 'm', 'p', 'l', 'e', 't', 'e', 'd', 1, 'h', 0, '{', '}'}, "", "k", "completed", "h", []byte(nil), []byte("{}"))
 	f.Add([]byte{1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, "\x1fop\x1fs", "key", "refused", "h", []byte(`{"code":"x"}`), []byte{})
 	f.Fuzz(func(t *testing.T, raw []byte, scope, key, status, hash string, refusal, value []byte) {
