@@ -43,7 +43,7 @@ func TestHandlerContextCause(t *testing.T) {
 				r.Header.Set(idemhttp.HeaderKey, "k")
 			}
 			a.handler.ServeHTTP(httptest.NewRecorder(), r)
-			if !errors.Is(gotErr, context.Canceled) || gotCause != errUpstream {
+			if !errors.Is(gotErr, context.Canceled) || !errors.Is(gotCause, errUpstream) {
 				t.Fatalf("in the handler: Err %v, Cause %v; want context.Canceled and the upstream's cause", gotErr, gotCause)
 			}
 		})

@@ -359,3 +359,45 @@ func TestWrapRefusesUnfingerprintableRequests(t *testing.T) {
 		t.Fatalf("the same key with another amount: %d, %v; want ErrMismatch (or the request type refused)", moved, err)
 	}
 }
+
+// ownCodecEvent embeds time.Time but declares its own MarshalJSON and
+// UnmarshalJSON, which encode every field: it is stored with them.
+type ownCodecEvent struct {
+	time.Time
+	Note string
+}
+
+func (e ownCodecEvent) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		At   time.Time `json:"at"`
+		Note string    `json:"note"`
+	}{e.Time, e.Note})
+}
+
+func (e *ownCodecEvent) UnmarshalJSON(b []byte) error {
+	var v struct {
+		At   time.Time `json:"at"`
+		Note string    `json:"note"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	e.Time, e.Note = v.At, v.Note
+	return nil
+}
+
+func TestEmbeddedMarshalerWithOwnCodec(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	fn := func(pgx.Tx) (ownCodecEvent, error) { return ownCodecEvent{Time: at, Note: "refund 42"}, nil }
+	first, err := idem.Do(ctx, s.pool, "k", "h", fn)
+	if err != nil {
+		t.Fatalf("a type with its own codec beside an embedded time.Time: %v", err)
+	}
+	replay, err := idem.Do(ctx, s.pool, "k", "h", fn)
+	if err != nil || !reflect.DeepEqual(first, replay) || replay.Note != "refund 42" || !replay.Equal(at) {
+		t.Fatalf("replay %+v (%v), first %+v", replay, err, first)
+	}
+}
