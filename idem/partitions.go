@@ -218,9 +218,17 @@ func (m maintainer) dropExpired(ctx context.Context, s *settings) (int64, error)
 	if err != nil {
 		return 0, err
 	}
+	// The newest range partition stays, even empty and past: the partitions
+	// made next take their interval from it.
+	var newest *time.Time
+	for _, p := range parts {
+		if p.hi != nil && (newest == nil || p.hi.After(*newest)) {
+			newest = p.hi
+		}
+	}
 	var total int64
 	for _, p := range parts {
-		if p.isDefault || !p.past {
+		if p.isDefault || !p.past || p.hi == nil || p.hi.Equal(*newest) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {

@@ -55,7 +55,7 @@ BEGIN
     JOIN pg_class c ON c.oid = i.inhrelid
     CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
         '^FOR VALUES FROM \(''([^'']*)''\) TO \(''([^'']*)''\)$') AS b
-    WHERE i.inhparent = parent
+    WHERE i.inhparent = parent AND b IS NOT NULL
     ORDER BY 2 DESC
     LIMIT 1;
 
