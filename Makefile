@@ -14,8 +14,9 @@ export PATH := /usr/local/go/bin:$(PATH)
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) unless a URL is set.
+postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it, and pg_partman) unless a URL is set.
 	@./scripts/ensure-postgres.sh
+	@./scripts/ensure-partman.sh
 
 test: postgres fmt-check vet tidy-check ## Run every test against a real PostgreSQL, with -race, plus short fuzz runs.
 	@$(GO) run ./internal/testdb/which
