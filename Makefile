@@ -9,7 +9,7 @@ FUZZTIME  ?= 10s
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench bench-retention loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,6 +28,9 @@ demo: postgres ## The payments example: exactly-once charging through a network 
 
 bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer pattern.
 	$(GO) run ./cmd/idem-bench
+
+bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops under sustained load (ARGS=-short for a quick run).
+	$(GO) run ./cmd/idem-retention $(ARGS)
 
 loadtest: postgres ## Several processes, 100k+ operations, reconciled from the database.
 	$(GO) run ./cmd/idem-load

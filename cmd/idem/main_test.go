@@ -94,7 +94,7 @@ func TestPlainTable(t *testing.T) {
 	}
 
 	code, out, errOut := idemCmd(ctx, url, "stats")
-	for _, want := range []string{"plain", "live keys:          3", "expired, unswept:   1", "in progress:        0"} {
+	for _, want := range []string{"plain", "live keys:          3", "expired, unswept:   1", "in progress:        0", "KiB"} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Fatalf("stats: exit %d, want %q in:\n%s%s", code, want, out, errOut)
 		}

@@ -49,5 +49,17 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 
 -- On every partition: the sweeper's cheap first test of a partition (its
 -- largest expires_at) and the DELETE of the DEFAULT partition use it.
-CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at_idx
-    ON idempotency_keys (expires_at);
+-- CREATE INDEX IF NOT EXISTS would lock the table and every partition (SHARE)
+-- before finding the index there, which on a busy table deadlocks with
+-- claims; the catalog is asked first.
+DO $idem$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE i.indrelid = 'idempotency_keys'::regclass
+          AND c.relname = 'idempotency_keys_expires_at_idx'
+    ) THEN
+        CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+    END IF;
+END
+$idem$;

@@ -21,9 +21,13 @@
 -- number of seconds, at least one.
 --
 -- Safe to apply more than once. Making a partition takes an ACCESS EXCLUSIVE
--- lock on the table and scans the DEFAULT partition: while that holds more
--- than 10,000 rows, nothing is made (a NOTICE says so) until the sweeper has
--- emptied it.
+-- lock on the table and scans the whole DEFAULT partition (PostgreSQL checks
+-- that none of its rows belongs in the new range), so claims wait for that
+-- scan. While the DEFAULT partition is larger than 64 MB, nothing is made
+-- and a NOTICE says so: the table then works as the plain one does, the
+-- sweeper deleting expired keys from the DEFAULT partition in batches. Set
+-- idem.partition_force to on to make the partitions anyway, accepting the
+-- wait (e.g. PGOPTIONS='-c idem.partition_force=on' psql -f ...).
 
 DO $idem$
 DECLARE
@@ -75,9 +79,10 @@ BEGIN
         dflt := format('%I.%I', nsp, rel || '_default')::regclass;
     END IF;
 
-    EXECUTE format('SELECT count(*) > 10000 FROM (SELECT 1 FROM %s LIMIT 10001) AS s', dflt) INTO taken;
-    IF taken THEN
-        RAISE NOTICE 'idem: % holds more than 10,000 rows; no partition is made until the sweeper has deleted them', dflt;
+    IF pg_relation_size(dflt) > 64 * 1024 * 1024
+       AND coalesce(current_setting('idem.partition_force', true), '') <> 'on' THEN
+        RAISE NOTICE 'idem: % holds % of rows; no partition is made while it is over 64 MB (see idem.partition_force)',
+            dflt, pg_size_pretty(pg_relation_size(dflt));
         RETURN;
     END IF;
 
