@@ -24,7 +24,10 @@
 //   - the same key with a different request: ErrMismatch;
 //   - the same key while the first request still runs: ErrInProgress at once.
 //
-// Keys are kept for a TTL (24 hours by default) and deleted by Sweep.
+// Keys are kept for a TTL (24 hours by default) and deleted by Sweep. At
+// scale the table can be partitioned by claim time (schema.ApplyPartitioned):
+// Sweep then drops whole partitions instead of deleting rows, and everything
+// else works unchanged (docs/SCALING.md).
 //
 // # Example
 //

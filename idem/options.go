@@ -130,7 +130,10 @@ func WithWait(d time.Duration) Option {
 // BeginQuery and CommitQuery are not supported. Given an outer pgx.Tx, Do
 // runs in a savepoint of it and these options have no effect. Defaults to
 // the server's default (READ COMMITTED unless configured otherwise).
-// Applies to Do, Run and Wrap.
+// On a partitioned key table (schema.ApplyPartitioned) REPEATABLE READ is
+// refused with an error wrapping ErrInvalidOption, and SERIALIZABLE keeps a
+// key unique only if every call with that key runs at SERIALIZABLE: see
+// docs/SCALING.md. Applies to Do, Run and Wrap.
 func WithTxOptions(o pgx.TxOptions) Option {
 	return &option{name: "WithTxOptions", where: useCall, set: func(s *settings) error {
 		if o.AccessMode == pgx.ReadOnly || o.BeginQuery != "" || o.CommitQuery != "" {

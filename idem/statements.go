@@ -43,6 +43,8 @@ var (
 	partitionsSQL string
 	//go:embed sql/partman.sql
 	partmanSQL string
+	//go:embed sql/plain_only.sql
+	plainOnlySQL string
 )
 
 // statements is the SQL of one table, rewritten once and reused: pgx caches

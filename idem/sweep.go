@@ -143,9 +143,6 @@ func sweepEvery(ctx context.Context, db Execer, s *settings, interval time.Durat
 	}
 }
 
-// plainOnlySQL fails (division by zero) if the table is partitioned.
-const plainOnlySQL = "SELECT 1 / (relkind <> 'p')::int FROM pg_class WHERE oid = to_regclass($1)"
-
 // execer is the Client's database as an Execer: itself when it is one
 // (pools, connections, transactions), else a transaction per statement.
 func (c *Client) execer() Execer {

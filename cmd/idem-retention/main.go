@@ -14,6 +14,7 @@
 //	go run ./cmd/idem-retention                    # 3 minutes per layout, TTL 30s, 10s partitions
 //	go run ./cmd/idem-retention -short             # 45 s per layout, TTL 5s, 2s partitions
 //	go run ./cmd/idem-retention -duration 10m -ttl 1m -interval 20s
+//	go run ./cmd/idem-retention -rounds 2 -duration 90s   # alternate the layouts
 package main
 
 import (
@@ -22,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +39,7 @@ type options struct {
 	sample     time.Duration
 	workers    int
 	layouts    []string
+	rounds     int
 }
 
 func main() {
@@ -49,7 +52,8 @@ func main() {
 	flag.DurationVar(&o.sweepEvery, "sweep-every", 0, "how often Sweep runs once cleanup starts (default: half the interval)")
 	flag.DurationVar(&o.sample, "sample", 0, "how often the table is sampled (default: duration/18)")
 	flag.IntVar(&o.workers, "workers", 8, "goroutines calling idem.Do")
-	flag.StringVar(&only, "layout", "", "run only this layout: plain or partitioned")
+	flag.StringVar(&only, "layout", "plain,partitioned", "the layouts to run, in this order: plain, partitioned or both")
+	flag.IntVar(&o.rounds, "rounds", 1, "run the layouts this many times, alternating, to see how much the shared machine moves the figures")
 	flag.BoolVar(&short, "short", false, "a quick run: 45s per layout, TTL 5s, 2s partitions")
 	flag.Parse()
 	if short {
@@ -61,12 +65,14 @@ func main() {
 	if o.sample == 0 {
 		o.sample = o.duration / 18
 	}
-	o.layouts = []string{"plain", "partitioned"}
-	if only != "" {
-		o.layouts = []string{only}
+	o.layouts = strings.Split(only, ",")
+	for _, l := range o.layouts {
+		if l != "plain" && l != "partitioned" {
+			o.rounds = 0
+		}
 	}
-	if o.duration < 3*o.ttl/2 || o.interval < time.Second || o.workers < 1 || (only != "" && only != "plain" && only != "partitioned") {
-		fmt.Fprintln(os.Stderr, "idem-retention: want -duration of at least 1.5 TTL, -interval of at least 1s, -workers >= 1, -layout plain or partitioned")
+	if o.duration < 3*o.ttl/2 || o.interval < time.Second || o.workers < 1 || o.rounds < 1 {
+		fmt.Fprintln(os.Stderr, "idem-retention: want -duration of at least 1.5 TTL, -interval of at least 1s, -workers >= 1, -rounds >= 1, -layout of plain and/or partitioned")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -105,10 +111,29 @@ func run(ctx context.Context, o options) error {
 		version, o.duration, o.duration/3, o.sweepEvery, o.ttl, o.interval, o.workers)
 
 	var results []*result
-	for _, layout := range o.layouts {
+	for round := 1; round <= o.rounds; round++ {
+		for _, layout := range o.layouts {
+			r, err := measureIn(ctx, o, maint, server, layout)
+			if err != nil {
+				return err
+			}
+			if o.rounds > 1 {
+				r.layout = fmt.Sprintf("%s#%d", layout, round)
+			}
+			r.print(o)
+			results = append(results, r)
+		}
+	}
+	summary(o, results)
+	return nil
+}
+
+// measureIn runs one layout in a database of its own.
+func measureIn(ctx context.Context, o options, maint *pgx.Conn, server *pgx.ConnConfig, layout string) (*result, error) {
+	{
 		name := fmt.Sprintf("idem_retention_%d_%s", os.Getpid(), layout)
 		if _, err := maint.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-			return fmt.Errorf("create database: %w", err)
+			return nil, fmt.Errorf("create database: %w", err)
 		}
 		r, err := measure(ctx, o, server, name, layout)
 		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -117,11 +142,8 @@ func run(ctx context.Context, o options) error {
 		}
 		cancel()
 		if err != nil {
-			return fmt.Errorf("%s: %w", layout, err)
+			return nil, fmt.Errorf("%s: %w", layout, err)
 		}
-		r.print(o)
-		results = append(results, r)
+		return r, nil
 	}
-	summary(o, results)
-	return nil
 }

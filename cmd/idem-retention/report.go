@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -87,7 +88,10 @@ func summary(o options, rs []*result) {
 		fmt.Println()
 	}
 	row("Do/s with cleanup / without", func(r *result) string { a, b := r.rates(); return fmt.Sprintf("%.2f", b/a) })
-	row("size max/min, last half of cleanup", func(r *result) string { lo, hi := r.flat(o); return fmt.Sprintf("%.2f", float64(hi)/float64(max(lo, 1))) })
+	row("size max/min, last half of cleanup", func(r *result) string {
+		lo, hi := r.flat(o)
+		return fmt.Sprintf("%.2f", float64(hi)/float64(max(lo, 1)))
+	})
 	row("size at the end (MiB)", func(r *result) string { return fmt.Sprintf("%.1f", float64(r.samples[len(r.samples)-1].bytes)/(1<<20)) })
 	row("dead tuples at the end / live rows", func(r *result) string {
 		s := r.samples[len(r.samples)-1]
@@ -105,12 +109,12 @@ func summary(o options, rs []*result) {
 		return fmt.Sprintf("%.1f", perSec(r.sweeps[0].removed, r.sweeps[0].took)/b)
 	})
 	row("sweeper busy share after the backlog", func(r *result) string { b, _ := r.steady(); return fmt.Sprintf("%.1f%%", 100*b) })
-	if len(rs) == 2 {
-		a, _ := rs[0].rates()
-		b, _ := rs[1].rates()
-		_, a2 := rs[0].rates()
-		_, b2 := rs[1].rates()
-		fmt.Printf("  Do/s %s / %s: %.2f without cleanup, %.2f with cleanup\n", rs[1].layout, rs[0].layout, b/a, b2/a2)
+	for i := 0; i+1 < len(rs); i += 2 {
+		if strings.HasPrefix(rs[i].layout, "plain") && strings.HasPrefix(rs[i+1].layout, "partitioned") {
+			a, a2 := rs[i].rates()
+			b, b2 := rs[i+1].rates()
+			fmt.Printf("  Do/s %s / %s: %.2f without cleanup, %.2f with cleanup\n", rs[i+1].layout, rs[i].layout, b/a, b2/a2)
+		}
 	}
 }
 
