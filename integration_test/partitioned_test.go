@@ -241,8 +241,7 @@ func TestPartitionedReadCommittedOuterTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var replayed bool
-	again, err := idem.Do(ctx, outer, "k-rc", ledgerHash, work, idem.WithReplayed(&replayed))
+	again, replayed, err := runReplayed(ctx, outer, "k-rc", ledgerHash, work)
 	if err != nil || !replayed {
 		t.Fatalf("late call in the outer transaction: %v, replayed %v", err, replayed)
 	}
@@ -438,8 +437,7 @@ func TestPartitionedSweep(t *testing.T) {
 	if err := <-held; err != nil {
 		t.Fatal(err)
 	}
-	var replayed bool
-	if _, err := idem.Do(ctx, short, "held", "h", one, idem.WithReplayed(&replayed)); err != nil || !replayed {
+	if _, replayed, err := runReplayed(ctx, short, "held", "h", one); err != nil || !replayed {
 		t.Fatalf("the held key after it committed: %v, replayed %v", err, replayed)
 	}
 	if !exists(pSlow) {
@@ -458,7 +456,7 @@ func TestPartitionedSweep(t *testing.T) {
 	if n := s.count("SELECT count(*) FROM idempotency_keys_default"); n != 0 {
 		t.Fatalf("%d expired keys left in the DEFAULT partition", n)
 	}
-	if _, err := idem.Do(ctx, long, "long", "h", one, idem.WithReplayed(&replayed)); err != nil || !replayed {
+	if _, replayed, err := runReplayed(ctx, long, "long", "h", one); err != nil || !replayed {
 		t.Fatalf("the long-lived key: %v, replayed %v", err, replayed)
 	}
 	if n := s.count("SELECT count(*) FROM idempotency_keys"); n != 1 || removed != 8 {
@@ -522,4 +520,11 @@ func readSQL(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// runReplayed calls idem.Run with fn and reports whether the answer was a
+// replay.
+func runReplayed[T any](ctx context.Context, db idem.Beginner, key, hash string, fn func(pgx.Tx) (T, error)) (T, bool, error) {
+	v, outcome, err := idem.Run(ctx, db, key, hash, func(_ context.Context, tx pgx.Tx) (T, error) { return fn(tx) })
+	return v, outcome == idem.OutcomeReplayed, err
 }

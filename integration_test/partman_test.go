@@ -68,8 +68,7 @@ func TestPartmanManagesPartitions(t *testing.T) {
 		}
 		time.Sleep(400 * time.Millisecond)
 	}
-	var replayed bool
-	if _, err := idem.Do(ctx, keys, "k-5", "h", one, idem.WithReplayed(&replayed)); err != nil || !replayed {
+	if _, replayed, err := runReplayed(ctx, keys, "k-5", "h", one); err != nil || !replayed {
 		t.Fatalf("a live key: %v, replayed %v", err, replayed)
 	}
 	first := partitionsOf(t, s.pool)
@@ -94,7 +93,7 @@ func TestPartmanManagesPartitions(t *testing.T) {
 	if _, err := idem.Do(ctx, keys, "k-0", "h2", one); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.Do(ctx, keys, "k-0", "h2", one, idem.WithReplayed(&replayed)); err != nil || !replayed {
+	if _, replayed, err := runReplayed(ctx, keys, "k-0", "h2", one); err != nil || !replayed {
 		t.Fatalf("after maintenance: %v, replayed %v", err, replayed)
 	}
 	t.Logf("partitions before: %d, after: %d (pg_partman made and dropped them)", len(first), len(after))

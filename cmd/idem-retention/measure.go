@@ -41,11 +41,10 @@ type result struct {
 	samples []sample
 	sweeps  []sweepRun
 	// keys executed and load time, without and with cleanup
-	keysA, keysB     int64
-	timeA, timeB     time.Duration
-	walA, walB       int64
-	sweepErrs        int
-	lockTimeoutNotes int64
+	keysA, keysB int64
+	timeA, timeB time.Duration
+	walA, walB   int64
+	sweepErrs    int
 }
 
 func measure(ctx context.Context, o options, server *pgx.ConnConfig, db, layout string) (*result, error) {
