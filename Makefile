@@ -16,13 +16,14 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc postgres
+.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) unless a URL is set.
+postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it, and pg_partman) unless a URL is set.
 	@./scripts/ensure-postgres.sh
+	@./scripts/ensure-partman.sh
 
 test: postgres fmt-check vet tidy-check generate-check ## Run every test of every module against a real PostgreSQL, with -race, plus short fuzz runs.
 	@$(GO) run ./internal/testdb/which
@@ -60,6 +61,9 @@ generate-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh g
 
 bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer pattern.
 	$(GO) run ./cmd/idem-bench
+
+bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops under sustained load (ARGS=-short for a quick run).
+	$(GO) run ./cmd/idem-retention $(ARGS)
 
 loadtest: postgres ## Several processes, 100k+ operations, reconciled from the database.
 	$(GO) run ./cmd/idem-load

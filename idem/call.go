@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"reflect"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -30,6 +31,9 @@ type call struct {
 	scopeArg, keyArg any
 	claimArgv        [4]any
 	scan             claimTargets
+	// createdAt names the row claimed on a partitioned table, whose key may
+	// have older rows (claim_partitioned.sql).
+	createdAt time.Time
 }
 
 func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error) {
@@ -96,4 +100,19 @@ func beginSQL(s *settings) string {
 		b += " " + string(o.DeferrableMode)
 	}
 	return b
+}
+
+// queueComplete queues the completing statement of the call's layout.
+func (c *call) queueComplete(b *pgx.Batch, fin *finish) {
+	if c.stmts.isPartitioned {
+		b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal, c.createdAt)
+		return
+	}
+	b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
+}
+
+// errRepeatableRead refuses a call at REPEATABLE READ on a partitioned
+// table: see assert_claimed_partitioned.sql.
+func errRepeatableRead(c *call) error {
+	return inputError(ErrInvalidOption, "REPEATABLE READ on the partitioned key table %s: its snapshot, taken before the key's lock, cannot see a first attempt that committed in between, and no unique index catches it across partitions; use READ COMMITTED or SERIALIZABLE", c.s.table)
 }

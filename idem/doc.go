@@ -27,8 +27,10 @@
 //   - the same key while the first request still runs: ErrInProgress at once.
 //
 // A key is replayed for a TTL after it completed (24 hours by default) and
-// deleted by Sweep afterwards. Do's documentation states the contract in
-// full.
+// deleted by Sweep afterwards. At scale the table can be partitioned by claim
+// time (schema.ApplyPartitioned): Sweep then drops whole partitions instead of
+// deleting rows, and everything else works unchanged (docs/SCALING.md). Do's
+// documentation states the contract in full.
 //
 // # Example
 //

@@ -48,7 +48,7 @@ var (
 
 	// ErrInvalidOption means an option was given a value outside its range
 	// (a negative TTL, a nil pointer). Nothing was sent to the database.
-	ErrInvalidOption = errors.New("idem: invalid option")
+	ErrInvalidOption = sqltext.ErrInvalidOption
 
 	// ErrOutcomeUnknown means the connection failed while COMMIT was on its
 	// way: the transaction may or may not have committed, and Do cannot tell.

@@ -49,7 +49,11 @@ func isServerError(err error) bool {
 
 // isKeyLost reports whether the completing statement found no claimed row:
 // its deliberate division by zero.
-func isKeyLost(err error) bool {
+func isKeyLost(err error) bool { return isDivisionByZero(err) }
+
+// isDivisionByZero reports the deliberate failure of idem's asserting
+// statements (SQLSTATE 22012).
+func isDivisionByZero(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.DivisionByZero
 }

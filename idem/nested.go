@@ -47,16 +47,42 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	if err != nil {
 		return claim{}, fmt.Errorf("begin: %w", err)
 	}
+	stmts, err := resolveQuerier(ctx, n.txn, c.s.stmts)
+	if err != nil {
+		return claim{}, err
+	}
+	c.stmts = stmts
 	b := &pgx.Batch{}
-	b.Queue(c.stmts.claim, c.claimArgs()...)
+	b.Queue(stmts.claim, c.claimArgs()...)
+	if stmts.isPartitioned {
+		b.Queue(stmts.assertClaimed, c.scope, c.key)
+	}
 	b.Queue("savepoint idem_work")
 	br := n.txn.SendBatch(ctx, b)
 	cl, claimErr := c.scanClaim(br.QueryRow())
-	closeErr := br.Close()
-	if claimErr != nil {
-		return claim{}, claimErr
+	verdict, assertErr := int32(0), error(nil)
+	if stmts.isPartitioned && claimErr == nil {
+		assertErr = br.QueryRow().Scan(&verdict)
 	}
-	if closeErr != nil {
+	closeErr := br.Close()
+	switch {
+	case claimErr != nil:
+		return claim{}, claimErr
+	case !stmts.isPartitioned:
+		if closeErr != nil {
+			return claim{}, closeErr
+		}
+		return cl, nil
+	case assertErr == nil && verdict < 0:
+		return claim{}, errRepeatableRead(c)
+	case !cl.claimed:
+		return cl, nil // assert_claimed failed on purpose; abort rolls back
+	case isDivisionByZero(assertErr):
+		cl.lostRace()
+		return cl, nil
+	case assertErr != nil:
+		return claim{}, assertErr
+	case closeErr != nil:
 		return claim{}, closeErr
 	}
 	n.fnTx, n.close = newGuardedTx(n.txn)
@@ -77,7 +103,7 @@ func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 		b.Queue("rollback to savepoint idem_work")
 	}
 	complete := b.Len()
-	b.Queue(c.stmts.complete, c.scope, c.key, fin.status, fin.response, fin.refusal)
+	c.queueComplete(b, fin)
 	if failed, err := execAll(n.txn.SendBatch(ctx, b), b.Len()); err != nil {
 		if failed == complete && isKeyLost(err) {
 			return keyLostError(err)

@@ -130,8 +130,12 @@ func WithWait(d time.Duration) Option {
 // BeginQuery and CommitQuery are not supported. Given an outer pgx.Tx, whose
 // modes are already set, the call fails with ErrInvalidOption. Defaults to
 // the server's default (READ COMMITTED unless configured otherwise).
-// Applies to Do, Run and Wrap. With a non-default isolation level, BEGIN
-// must precede the claim, and a replay costs a second round trip (ROLLBACK).
+// With a non-default isolation level, BEGIN must precede the claim, and a
+// replay costs a second round trip (ROLLBACK). On a partitioned key table
+// (schema.ApplyPartitioned) REPEATABLE READ is refused with an error wrapping
+// ErrInvalidOption, and SERIALIZABLE keeps a key unique only if every call
+// with that key runs at SERIALIZABLE: see docs/SCALING.md. Applies to Do, Run
+// and Wrap.
 func WithTxOptions(o pgx.TxOptions) Option {
 	return &option{name: "WithTxOptions", where: useCall, set: func(s *settings) error {
 		if o.AccessMode == pgx.ReadOnly || o.BeginQuery != "" || o.CommitQuery != "" {

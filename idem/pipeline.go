@@ -20,6 +20,11 @@ import (
 // claim. When the key is not claimed, assert_claimed fails first, the server
 // skips the rest up to Sync and rolls the implicit transaction back: the
 // replay costs this one round trip and leaves the connection idle.
+//
+// On a partitioned table assert_claimed also takes the second look that
+// keeps a live key unique across partitions; a claim it undoes costs the
+// lookup round trip of a lost race (claim_partitioned.sql). The first call
+// per connection and table asks the catalog which layout the table has.
 type pipeline struct {
 	conn   *pgx.Conn
 	owned  *connTx
@@ -40,22 +45,33 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	if conn.PgConn().TxStatus() != 'I' {
 		return claim{}, errors.New("idem: the connection is inside a transaction; pass that pgx.Tx to Do instead")
 	}
+	stmts, err := resolveLayout(ctx, conn, c.s.stmts)
+	if err != nil {
+		return claim{}, err
+	}
+	c.stmts = stmts
+	if stmts.isPartitioned && c.s.txOpts.IsoLevel == pgx.RepeatableRead {
+		return claim{}, errRepeatableRead(c)
+	}
 	// A non-default isolation level must be set before the first snapshot,
 	// so BEGIN goes first and a replay pays a ROLLBACK round trip.
 	claimFirst := c.begin == "begin"
 	if claimFirst {
-		if err := prepareFirstTrip(ctx, conn, c.stmts); err != nil {
+		if err := prepareFirstTrip(ctx, conn, stmts); err != nil {
 			return claim{}, fmt.Errorf("prepare: %w", err)
 		}
 	}
 	b := batch(&p.first, p.firstQ[:])
 	if claimFirst {
-		b.Queue(c.stmts.claim, c.claimArgs()...)
-		b.Queue(c.stmts.assertClaimed, c.scopeArg, c.keyArg)
+		b.Queue(stmts.claim, c.claimArgs()...)
+		b.Queue(stmts.assertClaimed, c.scopeArg, c.keyArg)
 		b.Queue("begin")
 	} else {
 		b.Queue(c.begin)
-		b.Queue(c.stmts.claim, c.claimArgs()...)
+		b.Queue(stmts.claim, c.claimArgs()...)
+		if stmts.isPartitioned {
+			b.Queue(stmts.assertClaimed, c.scopeArg, c.keyArg)
+		}
 	}
 	b.Queue("savepoint idem_work")
 
@@ -65,15 +81,28 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		_, beginErr = br.Exec()
 	}
 	cl, claimErr := c.scanClaim(br.QueryRow())
+	// The partitioned layout reads assert_claimed's verdict: its failure
+	// after a claim is a lost race, -1 a refused isolation level.
+	verdict, assertErr := int32(0), error(nil)
+	if stmts.isPartitioned && claimErr == nil && beginErr == nil {
+		assertErr = br.QueryRow().Scan(&verdict)
+	}
 	closeErr := br.Close()
 	switch {
 	case beginErr != nil:
 		return claim{}, fmt.Errorf("begin: %w", beginErr)
 	case claimErr != nil:
 		return claim{}, claimErr
+	case stmts.isPartitioned && assertErr == nil && verdict < 0:
+		return claim{}, errRepeatableRead(c) // the caller rolls back
 	case !cl.claimed:
 		// assert_claimed failed on purpose; closeErr is that failure.
 		return cl, nil
+	case stmts.isPartitioned && isDivisionByZero(assertErr):
+		cl.lostRace()
+		return cl, nil
+	case assertErr != nil:
+		return claim{}, fmt.Errorf("begin: %w", assertErr)
 	case closeErr != nil:
 		return claim{}, fmt.Errorf("begin: %w", closeErr)
 	}
@@ -95,7 +124,7 @@ func (p *pipeline) finish(ctx context.Context, c *call, fin *finish) error {
 		b.Queue("rollback to savepoint idem_work")
 	}
 	complete := b.Len()
-	b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
+	c.queueComplete(b, fin)
 	b.Queue("commit")
 	failed, err := execAll(p.conn.SendBatch(ctx, b), b.Len())
 	switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,6 +64,9 @@ func protocol[T any, W work[T]](ctx context.Context, s session, c *call, fn W) (
 	cl, err := s.claim(ctx, c)
 	if err != nil {
 		s.abort(ctx)
+		if errors.Is(err, ErrInvalidOption) {
+			return zero, OutcomeInvalid, err
+		}
 		return zero, OutcomeFailed, claimError(c, err)
 	}
 	if !cl.claimed {
@@ -108,6 +112,14 @@ type claim struct {
 	rec     *record
 }
 
+// lostRace turns a claim that the partitioned layout's second look undid
+// (assert_claimed_partitioned.sql found a live row committed just before
+// the lock) into what it is: a key held and released by another call, whose
+// row the lookup after this attempt will find.
+func (cl *claim) lostRace() {
+	cl.claimed, cl.rec = false, nil
+}
+
 // record is a live row read back for a replay.
 type record struct {
 	requestHash string
@@ -122,12 +134,22 @@ type claimTargets struct {
 	claimed           bool
 	hash, status      *string
 	response, refusal []byte
+	createdAt         *time.Time
 }
 
 func (c *call) scanClaim(row pgx.Row) (claim, error) {
 	t := &c.scan
 	*t = claimTargets{}
-	if err := row.Scan(&t.locked, &t.claimed, &t.hash, &t.status, &t.response, &t.refusal); err != nil {
+	var err error
+	if c.stmts.isPartitioned {
+		err = row.Scan(&t.locked, &t.claimed, &t.hash, &t.status, &t.response, &t.refusal, &t.createdAt)
+		if err == nil && t.claimed && t.createdAt != nil {
+			c.createdAt = *t.createdAt
+		}
+	} else {
+		err = row.Scan(&t.locked, &t.claimed, &t.hash, &t.status, &t.response, &t.refusal)
+	}
+	if err != nil {
 		return claim{}, err
 	}
 	cl := claim{locked: t.locked, claimed: t.claimed}

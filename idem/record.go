@@ -83,7 +83,11 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 		expires            *time.Time
 	)
 	err := c.query(ctx, func(q querier) error {
-		return q.QueryRow(ctx, c.base.stmts.record, scope, key).
+		stmts, err := resolveQuerier(ctx, q, c.base.stmts)
+		if err != nil {
+			return err
+		}
+		return q.QueryRow(ctx, stmts.record, scope, key).
 			Scan(&busy, &hash, &status, &response, &refusal, &created, &completed, &expires)
 	})
 	if err != nil {

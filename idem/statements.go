@@ -3,9 +3,12 @@ package idem
 import (
 	"context"
 	_ "embed"
+	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/sqltext"
 )
@@ -25,14 +28,45 @@ var (
 	recordSQL string
 	//go:embed sql/forget.sql
 	forgetSQL string
+	//go:embed sql/layout.sql
+	layoutSQL string
+
+	//go:embed sql/claim_partitioned.sql
+	claimPartitionedSQL string
+	//go:embed sql/assert_claimed_partitioned.sql
+	assertClaimedPartitionedSQL string
+	//go:embed sql/complete_partitioned.sql
+	completePartitionedSQL string
+	//go:embed sql/record_partitioned.sql
+	recordPartitionedSQL string
+	//go:embed sql/partitions.sql
+	partitionsSQL string
+	//go:embed sql/partman.sql
+	partmanSQL string
+	//go:embed sql/plain_only.sql
+	plainOnlySQL string
 )
 
 // statements is the SQL of one table, rewritten once and reused: pgx caches
 // prepared statements by SQL text, so the text must not change per call.
+//
+// Each table has two sets: one for the plain layout (schema/*.sql) and one
+// for the partitioned layout (schema/partitioned), reached through
+// partitioned. Which one a call uses is learnt once per connection
+// (connState), since one table name may be plain in one database and
+// partitioned in another.
 type statements struct {
 	table                                  string
 	claim, assertClaimed, complete, lookup string
 	sweep, record, forget                  string
+
+	// isPartitioned marks the set of the partitioned layout, whose claim
+	// returns the claimed row's created_at and whose first trip reads
+	// assert_claimed's verdict.
+	isPartitioned bool
+	// partitioned is the partitioned layout's set, on the plain set; nil on
+	// the partitioned set itself.
+	partitioned *statements
 }
 
 // statementCache maps a table name to its *statements. It only ever grows
@@ -57,13 +91,111 @@ func statementsFor(table string) (*statements, error) {
 		record:        t.Rewrite(recordSQL),
 		forget:        t.Rewrite(forgetSQL),
 	}
+	s.partitioned = &statements{
+		table:         table,
+		claim:         t.Rewrite(claimPartitionedSQL),
+		assertClaimed: t.Rewrite(assertClaimedPartitionedSQL),
+		complete:      t.Rewrite(completePartitionedSQL),
+		lookup:        s.lookup,
+		record:        t.Rewrite(recordPartitionedSQL),
+		forget:        s.forget,
+		isPartitioned: true,
+	}
 	actual, _ := statementCache.LoadOrStore(table, s)
 	return actual.(*statements), nil
 }
 
-// preparedKey names the entry of a connection's CustomData that records the
-// statement sets already prepared by name on that connection.
-const preparedKey = "idem.prepared"
+// connStateKey names the entry of a connection's CustomData that holds
+// idem's per-connection state.
+const connStateKey = "idem.conn"
+
+// connState is what idem remembers about one connection: the statement set
+// each table resolved to (its layout) and the sets already prepared by
+// name.
+type connState struct {
+	layout   map[*statements]*statements
+	prepared map[*statements]bool
+}
+
+func stateOf(conn *pgx.Conn) *connState {
+	data := conn.PgConn().CustomData()
+	st, _ := data[connStateKey].(*connState)
+	if st == nil {
+		st = &connState{layout: make(map[*statements]*statements, 1), prepared: make(map[*statements]bool, 1)}
+		data[connStateKey] = st
+	}
+	return st
+}
+
+// resolveLayout returns the statement set for s's table as this connection sees
+// it: s itself for a plain table, s.partitioned for a partitioned one. The
+// first call per connection and table asks the catalog (one round trip);
+// the answer is kept for the connection's life. A table that does not exist
+// yet is not remembered: the claim will say it is missing.
+//
+// A table migrated from one layout to the other while connections are open
+// keeps its old statements on them, which then fail (the plain claim's ON
+// CONFLICT finds no matching unique index on a partitioned table): reset the
+// pool after such a migration.
+func resolveLayout(ctx context.Context, conn *pgx.Conn, s *statements) (*statements, error) {
+	if s.isPartitioned {
+		return s, nil
+	}
+	st := stateOf(conn)
+	if r, ok := st.layout[s]; ok {
+		return r, nil
+	}
+	r, known, err := detectLayout(ctx, conn, s)
+	if err != nil {
+		return nil, fmt.Errorf("idem: detect the layout of %s: %w", s.table, err)
+	}
+	if known {
+		st.layout[s] = r
+	}
+	return r, nil
+}
+
+// detectLayout asks the catalog whether s's table is partitioned, through
+// any querier; known is false when the table does not exist.
+func detectLayout(ctx context.Context, q querier, s *statements) (r *statements, known bool, err error) {
+	var partitioned bool
+	err = q.QueryRow(ctx, layoutSQL, s.table).Scan(&partitioned)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return s, false, nil
+	case err != nil:
+		return nil, false, err
+	case partitioned:
+		return s.partitioned, true, nil
+	}
+	return s, true, nil
+}
+
+// resolveQuerier is resolveLayout for whatever q is: a connection or transaction
+// uses the per-connection memory, anything else (a pool) asks each time.
+func resolveQuerier(ctx context.Context, q querier, s *statements) (*statements, error) {
+	if conn := connOf(q); conn != nil {
+		return resolveLayout(ctx, conn, s)
+	}
+	r, _, err := detectLayout(ctx, q, s)
+	if err != nil {
+		return nil, fmt.Errorf("idem: detect the layout of %s: %w", s.table, err)
+	}
+	return r, nil
+}
+
+// connOf returns the connection behind q, if it has exactly one.
+func connOf(q any) *pgx.Conn {
+	switch d := q.(type) {
+	case *pgx.Conn:
+		return d
+	case *pgxpool.Conn:
+		return d.Conn()
+	case pgx.Tx:
+		return d.Conn() // nil for a transaction without a pgx connection
+	}
+	return nil
+}
 
 // prepareFirstTrip prepares, once per connection, the statements of the
 // first round trip under their own names. pgx forgets every cached statement
@@ -74,9 +206,8 @@ const preparedKey = "idem.prepared"
 // exec mode (the simple protocol, or describe-only caching behind PgBouncer)
 // are left as they are.
 func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error {
-	data := conn.PgConn().CustomData()
-	done, _ := data[preparedKey].(map[*statements]bool)
-	if done[s] {
+	st := stateOf(conn)
+	if st.prepared[s] {
 		return nil
 	}
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
@@ -86,10 +217,6 @@ func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error 
 			}
 		}
 	}
-	if done == nil {
-		done = make(map[*statements]bool, 1)
-		data[preparedKey] = done
-	}
-	done[s] = true
+	st.prepared[s] = true
 	return nil
 }

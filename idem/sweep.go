@@ -26,6 +26,14 @@ type Execer = dbtx.Execer
 // Given a pool, each batch commits on its own. Given a pgx.Tx, the batches
 // commit with that transaction. Client.Sweep does the same with a Client's
 // settings.
+//
+// On a partitioned key table (schema.ApplyPartitioned) Sweep deletes no
+// rows but those of the DEFAULT partition: it keeps partitions made ahead
+// and drops each partition once every key in it has expired, counting its
+// keys as deleted (see PartitionLockTimeout; given a pgx.Tx it only sweeps
+// the DEFAULT partition). Where the pg_partman extension manages the table,
+// Sweep runs pg_partman's maintenance for it instead of making and dropping
+// partitions itself. Each Sweep asks the catalog which layout the table has.
 func Sweep(ctx context.Context, db Execer, opts ...Option) (int64, error) {
 	s := defaultSettings().with(opts, useSweep)
 	if s.err != nil {
@@ -35,12 +43,35 @@ func Sweep(ctx context.Context, db Execer, opts ...Option) (int64, error) {
 }
 
 func sweep(ctx context.Context, db Execer, s *settings) (int64, error) {
+	m, ok := maintainerOf(db)
+	if !ok {
+		// An Execer that can neither query nor begin: it cannot learn the
+		// layout, so the batches refuse a partitioned table (the plain
+		// statement's ctids would be ambiguous across partitions).
+		if _, err := db.Exec(ctx, plainOnlySQL, s.table); err != nil {
+			return 0, fmt.Errorf("idem: sweep %s: %w", s.table, err)
+		}
+		return sweepRows(ctx, db, s.stmts.sweep, s)
+	}
+	stmts, err := m.layout(ctx, s.stmts)
+	if err != nil {
+		return 0, fmt.Errorf("idem: sweep %s: %w", s.table, err)
+	}
+	if stmts.isPartitioned {
+		return sweepPartitioned(ctx, db, m, s)
+	}
+	return sweepRows(ctx, db, s.stmts.sweep, s)
+}
+
+// sweepRows runs a batched DELETE (sweep.sql, possibly retargeted at a
+// DEFAULT partition) until a batch comes back short.
+func sweepRows(ctx context.Context, db Execer, sql string, s *settings) (int64, error) {
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		tag, err := db.Exec(ctx, s.stmts.sweep, s.batch)
+		tag, err := db.Exec(ctx, sql, s.batch)
 		if err != nil {
 			return total, fmt.Errorf("idem: sweep %s: %w", s.table, err)
 		}

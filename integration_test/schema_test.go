@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -65,5 +66,61 @@ func TestSchemaFilesWithPsql(t *testing.T) {
 	}
 	if got, want := columns(url), columns(testdb.URL(t)); got != want || got == "" {
 		t.Fatalf("psql-applied columns:\n%s\nembedded:\n%s", got, want)
+	}
+}
+
+// The partitioned layout's files, applied with psql (twice, and with an
+// interval from PGOPTIONS), yield a partitioned table with the plain one's
+// columns, a DEFAULT partition and one-minute partitions.
+func TestPartitionedSchemaFilesWithPsql(t *testing.T) {
+	t.Parallel()
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Skip("psql not installed")
+	}
+	url := testdb.URL(t)
+	run := func(env []string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(psql, append([]string{url, "-v", "ON_ERROR_STOP=1", "-q"}, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("psql %v: %v: %s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	columns := func(u string) string {
+		out, err := exec.Command(psql, u, "-Atc", "SELECT string_agg(column_name || ' ' || data_type || ' ' || coalesce(column_default, ''), ', ' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'idempotency_keys'").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	plainColumns := columns(url)
+	run(nil, "-c", "DROP TABLE idempotency_keys")
+	files, _ := filepath.Glob("../schema/partitioned/[0-9]*.sql")
+	if len(files) != 2 {
+		t.Fatalf("schema/partitioned holds %v", files)
+	}
+	for pass := 0; pass < 2; pass++ {
+		for _, f := range files {
+			run([]string{"PGOPTIONS=-c idem.partition_interval=60"}, "-f", f)
+		}
+	}
+	if got := columns(url); got != plainColumns {
+		t.Fatalf("partitioned columns:\n%s\nplain:\n%s", got, plainColumns)
+	}
+	got := run(nil, "-Atc", `SELECT count(*) FILTER (WHERE pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT'),
+		count(*) FILTER (WHERE pg_get_expr(c.relpartbound, c.oid) LIKE 'FOR VALUES FROM%'),
+		(SELECT relkind FROM pg_class WHERE oid = 'idempotency_keys'::regclass)
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'idempotency_keys'::regclass`)
+	if got != "1|4|p" {
+		t.Fatalf("default|range partitions|relkind = %s, want 1|4|p", got)
+	}
+	// The files refuse a plain table of the same name.
+	run(nil, "-c", "DROP TABLE idempotency_keys", "-c", "CREATE TABLE idempotency_keys (x int)")
+	cmd := exec.Command(psql, url, "-v", "ON_ERROR_STOP=1", "-qf", files[1])
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is not partitioned") {
+		t.Fatalf("on a plain table: %v: %s", err, out)
 	}
 }

@@ -3,12 +3,14 @@ package integration_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/schema"
 )
 
 // bank is the small business schema the contract tests charge against.
@@ -32,15 +34,55 @@ type setup struct {
 	// cfg, when set, is the Config of the Client that do and run wrap each
 	// variant's handle in.
 	cfg *idem.Config
+	// layout is the key table's layout.
+	layout layout
 }
 
 func newSetup(t *testing.T, configure ...func(*pgxpool.Config)) *setup {
 	t.Helper()
+	return newSetupLayout(t, plain, configure...)
+}
+
+// newSetupLayout is newSetup with the key table in layout l.
+func newSetupLayout(t *testing.T, l layout, configure ...func(*pgxpool.Config)) *setup {
+	t.Helper()
 	pool := testdb.New(t, configure...)
-	if _, err := pool.Exec(context.Background(), bankSQL); err != nil {
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, bankSQL); err != nil {
 		t.Fatal(err)
 	}
-	return &setup{t: t, pool: pool}
+	if l.apply != nil {
+		if err := l.apply(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &setup{t: t, pool: pool, layout: l}
+}
+
+// A layout is a shape of the key table: the plain one the template
+// database holds, or the partitioned one put in its place.
+type layout struct {
+	name  string
+	apply func(ctx context.Context, pool *pgxpool.Pool) error
+}
+
+var (
+	plain = layout{name: "plain"}
+	// partitioned has one-second partitions, so that a test's keys land in
+	// several partitions and, with no sweeper running, in the DEFAULT one.
+	partitioned = layout{name: "partitioned", apply: func(ctx context.Context, pool *pgxpool.Pool) error {
+		return replaceWithPartitioned(ctx, pool, "idempotency_keys", time.Second)
+	}}
+	layouts = []layout{plain, partitioned}
+)
+
+// replaceWithPartitioned drops the plain key table of a fresh test database
+// and applies the partitioned layout in its place.
+func replaceWithPartitioned(ctx context.Context, pool *pgxpool.Pool, table string, interval time.Duration) error {
+	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+table); err != nil {
+		return err
+	}
+	return schema.ApplyPartitioned(ctx, pool, table, interval)
 }
 
 // count runs a count(*) query and returns the number.
@@ -113,14 +155,19 @@ var variants = []variant{
 	}},
 }
 
-// forEachVariant runs body as a parallel subtest per variant, each on its
-// own database.
+// forEachVariant runs body as a parallel subtest per variant and layout
+// (plain/pool, ..., partitioned/outer_tx), each on its own database: the
+// contract holds on both layouts of the key table.
 func forEachVariant(t *testing.T, body func(t *testing.T, s *setup, v variant)) {
 	t.Helper()
-	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			t.Parallel()
-			body(t, newSetup(t), v)
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			for _, v := range variants {
+				t.Run(v.name, func(t *testing.T) {
+					t.Parallel()
+					body(t, newSetupLayout(t, l), v)
+				})
+			}
 		})
 	}
 }

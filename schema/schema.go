@@ -4,6 +4,10 @@
 // each is plain SQL that psql -f applies and that is safe to apply again.
 // Apply and ApplyTable run the same files from Go, for applications without
 // a migration tool.
+//
+// The files schema/partitioned/[0-9]*.sql are the opt-in partitioned layout
+// of the same table, which sheds expired keys by dropping whole partitions
+// instead of deleting rows; ApplyPartitioned runs them from Go.
 package schema
 
 import (
@@ -13,13 +17,18 @@ import (
 	"io/fs"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemhq/idem/internal/dbtx"
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
-//go:embed [0-9]*.sql
+//go:embed [0-9]*.sql partitioned/[0-9]*.sql
 var files embed.FS
+
+// DefaultPartitionInterval is the partition interval documented for
+// production: one partition per day, for keys kept about a day.
+const DefaultPartitionInterval = 24 * time.Hour
 
 // Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do. It
 // is the same interface as idem.Execer.
@@ -46,11 +55,59 @@ func ApplyTable(ctx context.Context, db Execer, table string) error {
 	if err != nil {
 		return err
 	}
+	return apply(ctx, db, t, table, scripts, "")
+}
+
+// ApplyPartitioned creates or completes the partitioned layout of the key
+// table (schema/partitioned): the same columns, partitioned by RANGE on
+// created_at into partitions of interval each, a DEFAULT partition that
+// takes any row no other partition takes (a claim never fails for want of a
+// partition), and the partitions of the present and the three intervals
+// after it. idem.Do and everything built on it work on either layout;
+// idem.Sweep keeps partitions made ahead and drops those whose keys have all
+// expired. table is as for ApplyTable ("" means idempotency_keys).
+//
+// interval must be a whole number of seconds, at least one (an error
+// wrapping idem.ErrInvalidOption otherwise); DefaultPartitionInterval, a
+// day, suits production, while tests use a second or two to cross partition
+// boundaries quickly. Keep it near the key TTL: every lookup of a key probes
+// each partition's primary key, so fewer partitions are cheaper.
+//
+// Applying it again is safe. On an existing partitioned table it only adds
+// what is missing, and an interval unlike the existing partitions' applies
+// to the partitions made after them. A table of that name that is not
+// partitioned is an error: a plain table cannot be turned into this layout
+// in place. Making a partition takes an ACCESS EXCLUSIVE lock on the table
+// for a moment, so on a busy table it may wait for running transactions.
+func ApplyPartitioned(ctx context.Context, db Execer, table string, interval time.Duration) error {
+	if table == "" {
+		table = sqltext.DefaultTable
+	}
+	t, err := sqltext.ParseTable(table)
+	if err != nil {
+		return err
+	}
+	if interval < time.Second || interval%time.Second != 0 {
+		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", sqltext.ErrInvalidOption, interval)
+	}
+	scripts, err := PartitionedFiles()
+	if err != nil {
+		return err
+	}
+	// The interval travels in a transaction-local setting that
+	// 002_idempotency_keys_partitions.sql reads, so that psql applies the
+	// same file unchanged.
+	set := fmt.Sprintf("SELECT set_config('idem.partition_interval', '%d seconds', true);\n", interval/time.Second)
+	return apply(ctx, db, t, table, scripts, set)
+}
+
+func apply(ctx context.Context, db Execer, t sqltext.Table, table string, scripts []File, prelude string) error {
 	var b strings.Builder
 	// One multi-statement string runs as one implicit transaction: either
 	// every file applies or none does. The lock keeps concurrent starts from
 	// racing on CREATE TABLE IF NOT EXISTS, which is not concurrency-safe.
 	b.WriteString("SELECT pg_advisory_xact_lock(7306086, hashtext('idem schema'));\n")
+	b.WriteString(prelude)
 	for _, s := range scripts {
 		b.WriteString(t.Rewrite(s.SQL))
 		b.WriteString(";\n")
@@ -69,8 +126,31 @@ type File struct {
 
 // Files returns the schema files in the order they apply, without the
 // *.down.sql ones.
-func Files() ([]File, error) {
-	names, err := fs.Glob(files, "[0-9]*.sql")
+func Files() ([]File, error) { return glob("[0-9]*.sql") }
+
+// PartitionedFiles returns the files of the partitioned layout
+// (schema/partitioned) in the order they apply; Name is relative to that
+// folder.
+func PartitionedFiles() ([]File, error) { return glob("partitioned/[0-9]*.sql") }
+
+// PartitionsSQL is schema/partitioned/002_idempotency_keys_partitions.sql
+// for table: the maintenance step that makes the DEFAULT partition and the
+// partitions of the present and the near future, taking the interval from
+// the newest partition. idem.Sweep runs it.
+func PartitionsSQL(table string) (string, error) {
+	t, err := sqltext.ParseTable(table)
+	if err != nil {
+		return "", err
+	}
+	b, err := files.ReadFile("partitioned/002_idempotency_keys_partitions.sql")
+	if err != nil {
+		return "", err
+	}
+	return t.Rewrite(string(b)), nil
+}
+
+func glob(pattern string) ([]File, error) {
+	names, err := fs.Glob(files, pattern)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +164,7 @@ func Files() ([]File, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, File{Name: n, SQL: string(b)})
+		out = append(out, File{Name: strings.TrimPrefix(n, "partitioned/"), SQL: string(b)})
 	}
 	return out, nil
 }

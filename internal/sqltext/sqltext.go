@@ -21,6 +21,10 @@ const DefaultTable = "idempotency_keys"
 // optionally schema-qualified, lower-case PostgreSQL identifier.
 var ErrInvalidTable = errors.New("idem: invalid table name")
 
+// ErrInvalidOption is idem.ErrInvalidOption, defined here so that package
+// schema (which package idem imports) can return it too.
+var ErrInvalidOption = errors.New("idem: invalid option")
+
 var (
 	plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 	prefixRe   = regexp.MustCompile(`\bidempotency_keys_`)
@@ -56,6 +60,12 @@ func ParseTable(name string) (Table, error) {
 	return Table{name: parts[0]}, nil
 }
 
+// Schema returns the schema part of the name, or "" if it was not given.
+func (t Table) Schema() string { return t.schema }
+
+// Name returns the table part of the name.
+func (t Table) Name() string { return t.name }
+
 // String returns the table as it appears in SQL, schema-qualified if it was
 // given so.
 func (t Table) String() string {
@@ -73,4 +83,12 @@ func (t Table) Rewrite(sql string) string {
 	}
 	sql = prefixRe.ReplaceAllLiteralString(sql, t.name+"_")
 	return tableRe.ReplaceAllLiteralString(sql, t.String())
+}
+
+// Retarget returns sql with the default table replaced by relation, a name
+// as PostgreSQL prints a regclass (quoted where needed, qualified where not
+// on the search_path): for statements on one partition of a key table. Names
+// derived from the table (constraints, indexes) are left as they are.
+func Retarget(sql, relation string) string {
+	return tableRe.ReplaceAllLiteralString(sql, relation)
 }

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/testdb"
+)
+
+func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
+
+// idemCmd runs the command in-process against url and returns its exit
+// code and output.
+func idemCmd(ctx context.Context, url string, args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	env := func(k string) string {
+		if k == "DATABASE_URL" {
+			return url
+		}
+		return ""
+	}
+	code := run(ctx, args, env, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, exitUsage, "Commands:"},
+		{[]string{"-h"}, exitOK, "inspect"},
+		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{[]string{"inspect"}, exitUsage, "exactly one KEY"},
+		{[]string{"migrate", "-interval", "1h"}, exitUsage, "-interval needs -partitioned"},
+		{[]string{"sweep", "extra"}, exitUsage, "unexpected arguments"},
+		{[]string{"sweep", "-every", "-1s"}, exitUsage, "must not be negative"},
+		{[]string{"stats", "-table", "Bad Name"}, exitUsage, "invalid table"},
+		{[]string{"sweep", "-h"}, exitOK, "-every"},
+	}
+	for _, c := range cases {
+		code, out, errOut := idemCmd(ctx, "postgres://nowhere.invalid/x", c.args...)
+		if code != c.code || !strings.Contains(out+errOut, c.want) {
+			t.Errorf("idem %v: exit %d, output %q; want exit %d and %q", c.args, code, out+errOut, c.code, c.want)
+		}
+	}
+	_, out, _ := idemCmd(ctx, "", "-h")
+	for _, sub := range []string{"migrate", "sweep", "stats", "inspect", "DATABASE_URL", "Exit codes"} {
+		if !strings.Contains(out, sub) {
+			t.Errorf("-h does not explain %s", sub)
+		}
+	}
+}
+
+func TestPlainTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if code, out, errOut := idemCmd(ctx, url, "migrate"); code != exitOK || !strings.Contains(out, "ready") {
+		t.Fatalf("migrate: %d %s %s", code, out, errOut)
+	}
+	keys, err := idem.NewClient(pool, &idem.Config{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := idem.Do(ctx, keys, fmt.Sprintf("k-%d", i), "hash-1", func(pgx.Tx) (string, error) { return "paid", nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sctx := idem.ContextWithScope(ctx, "tenant-7")
+	if _, err := idem.Do(sctx, keys, "refused", "hash-2", func(pgx.Tx) (int, error) { return 0, idem.Refuse("card_declined", "no").WithStatus(402) }); err == nil {
+		t.Fatal("want the refusal")
+	}
+	if _, err := pool.Exec(ctx, "UPDATE idempotency_keys SET expires_at = created_at - interval '2 hours' WHERE idempotency_key = 'k-0'"); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := idemCmd(ctx, url, "stats")
+	for _, want := range []string{"plain", "live keys:          3", "expired, unswept:   1", "in progress:        0", "KiB"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("stats: exit %d, want %q in:\n%s%s", code, want, out, errOut)
+		}
+	}
+	code, out, _ = idemCmd(ctx, url, "inspect", "k-1")
+	for _, want := range []string{"completed", "hash-1", "result:       6 bytes"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("inspect k-1: exit %d, want %q in:\n%s", code, want, out)
+		}
+	}
+	code, out, _ = idemCmd(ctx, url, "inspect", "-scope", "tenant-7", "refused")
+	if code != exitOK || !strings.Contains(out, "card_declined: no (status 402)") {
+		t.Fatalf("inspect refused: exit %d\n%s", code, out)
+	}
+	code, out, _ = idemCmd(ctx, url, "inspect", "k-0")
+	if code != exitOK || !strings.Contains(out, "expired, awaiting the sweeper") {
+		t.Fatalf("inspect k-0: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := idemCmd(ctx, url, "inspect", "missing"); code != exitNotFound || !strings.Contains(errOut, "no key") {
+		t.Fatalf("inspect missing: exit %d, %s", code, errOut)
+	}
+	if code, out, _ := idemCmd(ctx, url, "sweep"); code != exitOK || !strings.Contains(out, "removed 1 expired keys") {
+		t.Fatalf("sweep: exit %d, %s", code, out)
+	}
+	// A key in progress shows in stats and in inspect.
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(ctx, keys, "busy", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 1, nil })
+		done <- err
+	}()
+	<-entered
+	_, out, _ = idemCmd(ctx, url, "stats")
+	_, insp, _ := idemCmd(ctx, url, "inspect", "busy")
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "in progress:        1 (oldest running for") || !strings.Contains(insp, "in_progress") {
+		t.Fatalf("a key in progress: stats\n%s\ninspect\n%s", out, insp)
+	}
+	if code, _, errOut := idemCmd(ctx, url, "migrate", "-partitioned"); code != exitFailure || !strings.Contains(errOut, "not partitioned") {
+		t.Fatalf("migrate -partitioned over a plain table: exit %d, %s", code, errOut)
+	}
+}
+
+func TestPartitionedTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA billing"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if code, out, errOut := idemCmd(ctx, url, "migrate", "-table", "billing.keys", "-partitioned", "-interval", "1s"); code != exitOK {
+			t.Fatalf("migrate -partitioned: %d %s %s", code, out, errOut)
+		}
+	}
+	if code, _, errOut := idemCmd(ctx, url, "migrate", "-partitioned", "-interval", "1500ms"); code != exitUsage {
+		t.Fatalf("a fractional interval: exit %d, %s", code, errOut)
+	}
+	keys, err := idem.NewClient(pool, &idem.Config{Table: "billing.keys", TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := idem.Do(ctx, keys, fmt.Sprintf("k-%d", i), "h", func(pgx.Tx) (int, error) { return i, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := idemCmd(ctx, url, "stats", "-table", "billing.keys")
+	if code != exitOK || !strings.Contains(out, "partitioned (") || !strings.Contains(out, "billing.keys_p") || !strings.Contains(out, "live keys:          3") {
+		t.Fatalf("stats: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, _ := idemCmd(ctx, url, "inspect", "-table", "billing.keys", "k-2"); code != exitOK || !strings.Contains(out, "completed") {
+		t.Fatalf("inspect: exit %d\n%s", code, out)
+	}
+	// sweep -every runs until interrupted, then exits 0; by then the keys
+	// (TTL 1 s) and their partitions are gone.
+	sctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	code, out, errOut = idemCmd(sctx, url, "sweep", "-table", "billing.keys", "-every", "300ms")
+	if code != exitOK || strings.Count(out, "removed") < 2 {
+		t.Fatalf("sweep -every: exit %d\n%s%s", code, out, errOut)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM billing.keys").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d keys left after sweeping, %v", n, err)
+	}
+}
