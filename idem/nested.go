@@ -85,11 +85,16 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	case closeErr != nil:
 		return claim{}, closeErr
 	}
-	n.fnTx, n.close = newGuardedTx(n.txn)
 	return cl, nil
 }
 
-func (n *nested) tx() pgx.Tx { return n.fnTx }
+// tx is the guarded transaction handed to fn, made on first use.
+func (n *nested) tx() pgx.Tx {
+	if n.close == nil {
+		n.fnTx, n.close = newGuardedTx(n.txn)
+	}
+	return n.fnTx
+}
 
 func (n *nested) closeTx() {
 	if n.close != nil {
