@@ -102,7 +102,7 @@ func measure(ctx context.Context, o options, server *pgx.ConnConfig, db, layout 
 					return receipt{ID: int64(i), Status: "succeeded", Note: "a small stored result, about the size of a payment receipt"}, nil
 				})
 				if err != nil && loadCtx.Err() == nil {
-					errOnce.Do(func() { loadErr = fmt.Errorf("Do %s: %w", key, err) })
+					errOnce.Do(func() { loadErr = fmt.Errorf("idem.Do %s: %w", key, err) })
 					stopLoad()
 					return
 				}
