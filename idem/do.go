@@ -75,8 +75,7 @@ type Beginner interface {
 // lock and writes nothing.
 func Do[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(pgx.Tx) (T, error), opts ...Option) (T, error) {
 	if fn == nil {
-		var zero T
-		return zero, inputError(ErrInvalidOption, "Do needs a function")
+		opts = failWith(opts, inputError(ErrInvalidOption, "Do needs a function"))
 	}
 	v, _, err := run(ctx, db, key, reqHash, plainFn[T](fn), opts, useDo)
 	return v, err
@@ -112,8 +111,7 @@ type work[T any] interface {
 // else is as for Do.
 func Run[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (T, Outcome, error) {
 	if fn == nil {
-		var zero T
-		return zero, OutcomeInvalid, inputError(ErrInvalidOption, "Run needs a function")
+		opts = failWith(opts, inputError(ErrInvalidOption, "Run needs a function"))
 	}
 	return run(ctx, db, key, reqHash, ctxFn[T](fn), opts, useRun)
 }
@@ -130,7 +128,10 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	var (
 		zero  T
 		start time.Time
-		end   CallEnd
+		end   struct {
+			CallEnd
+			reported bool
+		}
 	)
 	if s.replayed != nil {
 		*s.replayed = false
@@ -140,6 +141,16 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	if obs != nil {
 		start = time.Now()
 		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
+		// A panic (re-raised after the rollback) or runtime.Goexit in fn
+		// skips the end below; the observer still hears of it, as a failure,
+		// so that no span or in-flight count is left open.
+		defer func() {
+			if !end.reported {
+				end.reported = true
+				obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
+					Waited: end.Waited, Duration: time.Since(start), Err: errAbandoned})
+			}
+		}()
 	}
 	var (
 		v       T
@@ -155,8 +166,11 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	if obs != nil {
 		end.Table, end.Scope, end.Outcome, end.Err = s.table, scope, outcome, err
 		end.Duration = time.Since(start)
-		end.Refused = isRefusal(err)
-		obs.CallEnd(ctx, end)
+		// Only a refusal that was stored (now or before) counts: a Refusal
+		// without a Code, say, fails the call and stores nothing.
+		end.Refused = (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err)
+		end.reported = true
+		obs.CallEnd(ctx, end.CallEnd)
 	}
 	if err != nil && outcome != OutcomeRefused && outcome != OutcomeReplayed {
 		return zero, outcome, err
@@ -200,9 +214,22 @@ func settle[T any, W work[T]](ctx context.Context, db Beginner, s *settings, sco
 	}
 }
 
+// errAbandoned is the error observers receive for a call that did not
+// return: fn panicked or exited its goroutine. Everything rolled back.
+var errAbandoned error = abandoned{}
+
+type abandoned struct{}
+
+func (abandoned) Error() string {
+	return "idem: the call panicked or its goroutine exited; everything rolled back"
+}
+
+// isRefusal reports whether err holds a *Refusal. errors.AsType, unlike
+// errors.As, needs no pointer that escapes: the observed path allocates
+// nothing.
 func isRefusal(err error) bool {
-	var r *Refusal
-	return err != nil && errors.As(err, &r) && r != nil
+	r, ok := errors.AsType[*Refusal](err)
+	return ok && r != nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -235,6 +235,18 @@ func WithReplayed(p *bool) Option {
 	}}
 }
 
+// failing is an Option that fails the call with err before it starts: a
+// call refused this way still reaches its Observer, as OutcomeInvalid.
+type failing struct{ err error }
+
+func (f failing) apply(s *settings, _ use) { s.fail(f.err) }
+
+// failWith returns opts with err's failing option added, leaving the
+// caller's slice untouched.
+func failWith(opts []Option, err error) []Option {
+	return append(opts[:len(opts):len(opts)], failing{err})
+}
+
 // CheckOptions reports whether opts are valid for a call of Run (and so of
 // Do),
 // without touching a database: nil, or an error wrapping ErrInvalidOption,

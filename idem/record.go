@@ -164,4 +164,3 @@ func (c *Client) query(ctx context.Context, f func(querier) error) error {
 	}
 	return pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error { return f(tx) })
 }
-

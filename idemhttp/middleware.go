@@ -137,6 +137,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 
 	obs := newObservation(m, h.observer())
+	// A panicking handler writes no answer; its call is still reported.
+	defer obs.done(0)
 	opts := m.idemOpts
 	if obs != nil {
 		opts = append(slices.Clip(opts), idem.WithObserver(obs))
@@ -196,9 +198,7 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 }
 
 // observer is the Observer the middleware's calls report to.
-func (h *handler) observer() idem.Observer {
-	return idem.ObserverOf(h.m.db, h.m.idemOpts...)
-}
+func (h *handler) observer() idem.Observer { return h.m.observer }
 
 // readBody reads the whole body within the limit, before any database work,
 // and puts it back for the handler. It answers the request itself (413, or

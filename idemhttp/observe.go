@@ -39,11 +39,14 @@ func (o *observation) CallEnd(ctx context.Context, c idem.CallEnd) {
 	o.ctx, o.end, o.ended = ctx, c, true
 }
 
-// done passes the held end on, with the status answered.
+// done passes the held end on, with the status answered, once: a later
+// call does nothing. Status 0 means no answer was written (the handler
+// panicked).
 func (o *observation) done(status int) {
 	if o == nil || !o.ended {
 		return
 	}
+	o.ended = false
 	o.end.HTTPStatus = status
 	o.inner.CallEnd(o.ctx, o.end)
 }
