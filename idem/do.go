@@ -224,6 +224,10 @@ func (abandoned) Error() string {
 	return "idem: the call panicked or its goroutine exited; everything rolled back"
 }
 
+// ErrorType names the error for telemetry (OpenTelemetry's error.type
+// convention).
+func (abandoned) ErrorType() string { return "panic" }
+
 // isRefusal reports whether err holds a *Refusal. errors.AsType, unlike
 // errors.As, needs no pointer that escapes: the observed path allocates
 // nothing.

@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem/idem"
@@ -78,3 +79,10 @@ func (o *observation) table() string {
 type refusedError string
 
 func (e refusedError) Error() string { return "idemhttp: refused before any call: " + string(e) }
+
+// ErrorType names the refusal for telemetry (OpenTelemetry's error.type
+// convention): "idemhttp." and the problem's name, such as
+// "idemhttp.invalid-key".
+func (e refusedError) ErrorType() string {
+	return "idemhttp." + strings.TrimPrefix(string(e), DefaultProblemBase)
+}
