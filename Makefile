@@ -5,6 +5,8 @@ GOBIN     := $(CURDIR)/bin
 LINT      := $(GOBIN)/golangci-lint
 LINT_VER  := v2.15.0
 FUZZTIME  ?= 10s
+# The Go modules of this repository: the root and the nested ones.
+MODULES   := . idemotel
 
 export PATH := /usr/local/go/bin:$(PATH)
 
@@ -19,7 +21,7 @@ postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it) un
 
 test: postgres fmt-check vet tidy-check ## Run every test against a real PostgreSQL, with -race, plus short fuzz runs.
 	@$(GO) run ./internal/testdb/which
-	$(GO) test -race -count=1 ./...
+	@for m in $(MODULES); do echo "go test -race ($$m)"; (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
@@ -39,18 +41,20 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
 
 lint: ## golangci-lint, installed into ./bin on first use.
 	@test -x $(LINT) || GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(LINT_VER)
-	$(LINT) run ./...
+	@for m in $(MODULES); do (cd $$m && $(LINT) run ./...) || exit 1; done
 
-vet: ## go vet.
-	$(GO) vet ./...
+vet: ## go vet, in every module.
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 fmt-check: ## Fail if gofmt would change a file.
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-tidy-check: ## Fail if go mod tidy would change go.mod or go.sum.
-	@cp go.mod /tmp/idem-go.mod.bak; cp go.sum /tmp/idem-go.sum.bak; \
-	$(GO) mod tidy; \
-	if ! cmp -s go.mod /tmp/idem-go.mod.bak || ! cmp -s go.sum /tmp/idem-go.sum.bak; then \
-	  echo "go mod tidy changed go.mod/go.sum; commit the tidy result"; \
-	  cp /tmp/idem-go.mod.bak go.mod; cp /tmp/idem-go.sum.bak go.sum; exit 1; fi
+tidy-check: ## Fail if go mod tidy would change go.mod or go.sum, in every module.
+	@for m in $(MODULES); do \
+	  cp $$m/go.mod /tmp/idem-go.mod.bak; cp $$m/go.sum /tmp/idem-go.sum.bak; \
+	  (cd $$m && $(GO) mod tidy); \
+	  if ! cmp -s $$m/go.mod /tmp/idem-go.mod.bak || ! cmp -s $$m/go.sum /tmp/idem-go.sum.bak; then \
+	    echo "go mod tidy changed $$m/go.mod or go.sum; commit the tidy result"; \
+	    cp /tmp/idem-go.mod.bak $$m/go.mod; cp /tmp/idem-go.sum.bak $$m/go.sum; exit 1; fi; \
+	done

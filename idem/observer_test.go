@@ -75,7 +75,7 @@ func TestObserverReportsEveryCallOnce(t *testing.T) {
 		if end.Outcome != want || end.Refused != refused || end.Table != idem.DefaultTable {
 			t.Fatalf("%s: outcome %v refused %v table %q; want %v %v %q", name, end.Outcome, end.Refused, end.Table, want, refused, idem.DefaultTable)
 		}
-		if (wantErr == nil) != (end.Err == nil) || (wantErr != nil && wantErr != anyErr && !errors.Is(end.Err, wantErr)) {
+		if (wantErr == nil) != (end.Err == nil) || (wantErr != nil && !errors.Is(wantErr, anyErr) && !errors.Is(end.Err, wantErr)) {
 			t.Fatalf("%s: err %v, want %v", name, end.Err, wantErr)
 		}
 		if end.Duration <= 0 || end.HTTPStatus != 0 {

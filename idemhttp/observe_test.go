@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"testing"
@@ -89,8 +90,10 @@ func TestObserverThroughMiddleware(t *testing.T) {
 			send := func(key string, header ...string) {
 				r := newRequest(key, header...)
 				defer func() {
-					if p := recover(); p != nil && p != http.ErrAbortHandler {
-						panic(p)
+					if p := recover(); p != nil {
+						if err, _ := p.(error); !errors.Is(err, http.ErrAbortHandler) {
+							panic(p)
+						}
 					}
 				}()
 				h.ServeHTTP(discard{http.Header{}}, r)

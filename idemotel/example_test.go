@@ -58,7 +58,7 @@ func Example() {
 			}
 			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 				outcome, _ := dp.Attributes.Value(idemotel.OutcomeKey)
-				lines = append(lines, fmt.Sprintf("%s %s: %d", m.Name, outcome.Emit(), dp.Value))
+				lines = append(lines, fmt.Sprintf("%s %s: %d", m.Name, outcome.String(), dp.Value))
 			}
 		}
 	}

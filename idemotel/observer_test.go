@@ -66,15 +66,13 @@ func newWorld(t *testing.T) *world {
 }
 
 // work is the business work of every entry point. ctx is the call's
-// context where the entry point gives one (Run, Wrap, idemhttp): a span
+// context when callCtx is set (Run, Wrap and idemhttp give one): a span
 // started from it must be a child of the call's span. A failure quotes the
 // key, as careless code does.
-func (w *world) work(ctx context.Context, tx pgx.Tx, key string, r request) (int, error) {
-	if ctx != nil {
+func (w *world) work(ctx context.Context, callCtx bool, tx pgx.Tx, key string, r request) (int, error) {
+	if callCtx {
 		_, span := w.tm.tp.Tracer("test").Start(ctx, "work")
 		defer span.End()
-	} else {
-		ctx = context.Background()
 	}
 	if _, err := tx.Exec(ctx, "select 1"); err != nil {
 		return 0, err
@@ -112,7 +110,7 @@ func (w *world) entries() []entry {
 	obs := w.tm.observer()
 	do := entry{name: "Do", call: func(ctx context.Context, key string, r request) int {
 		_, _ = idem.Do(ctx, w.pool, key, hash(r), func(tx pgx.Tx) (int, error) {
-			return w.work(nil, tx, key, r)
+			return w.work(ctx, false, tx, key, r)
 		}, idem.WithObserver(obs))
 		return 0
 	}}
@@ -123,7 +121,7 @@ func (w *world) entries() []entry {
 	}
 	charge := idem.Wrap(keys, "payments.charge", func(ctx context.Context, tx pgx.Tx, r request) (int, error) {
 		k, _ := idem.KeyFromContext(ctx)
-		return w.work(ctx, tx, k.Key, r)
+		return w.work(ctx, true, tx, k.Key, r)
 	})
 	wrap := entry{name: "Wrap", call: func(ctx context.Context, key string, r request) int {
 		_, _ = charge(ctx, key, r)
@@ -137,7 +135,7 @@ func (w *world) entries() []entry {
 			return
 		}
 		k, _ := idem.KeyFromContext(req.Context())
-		_, err := w.work(req.Context(), idemhttp.Tx(req.Context()), k.Key, r)
+		_, err := w.work(req.Context(), true, idemhttp.Tx(req.Context()), k.Key, r)
 		switch {
 		case idem.Retryable(err) || err == nil:
 			rw.WriteHeader(http.StatusCreated)
@@ -166,6 +164,7 @@ func (w *world) entries() []entry {
 	if err != nil {
 		t.Fatal(err)
 	}
+	//nolint:staticcheck // the deprecated path is supported, so it is tested
 	legacy := idemhttp.New(w.pool, idemhttp.WithIdemOptions(idem.WithObserver(w.tm.observer())))
 
 	return []entry{
@@ -325,7 +324,7 @@ func (w *world) check(e entry, name string, wt want, status int, parent trace.Sp
 	}
 	for _, a := range append(kv, idemotel.WaitedKey.Bool(false)) {
 		if v, ok := got[a.Key]; !ok || v != a.Value {
-			t.Fatalf("%s: span attribute %s = %v, want %v (all: %v)", where, a.Key, v.Emit(), a.Value.Emit(), s.Attributes())
+			t.Fatalf("%s: span attribute %s = %v, want %v (all: %v)", where, a.Key, v.String(), a.Value.String(), s.Attributes())
 		}
 	}
 	if _, ok := got[idemotel.ScopeKey]; ok {

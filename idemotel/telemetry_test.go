@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 
@@ -124,7 +123,7 @@ func (tm *telemetry) dump(t testing.TB) string {
 	var b strings.Builder
 	kvs := func(kv []attribute.KeyValue) {
 		for _, a := range kv {
-			fmt.Fprintf(&b, " %s=%s", a.Key, a.Value.Emit())
+			fmt.Fprintf(&b, " %s=%s", a.Key, a.Value.String())
 		}
 	}
 	for _, s := range tm.ended() {
@@ -171,13 +170,4 @@ func (tm *telemetry) dump(t testing.TB) string {
 		}
 	}
 	return b.String()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
