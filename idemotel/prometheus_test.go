@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"sort"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -132,5 +134,31 @@ const promNames = "idem_calls_total idem_duration_seconds_bucket idem_duration_s
 func TestPrometheusDefaultNames(t *testing.T) {
 	if got := strings.Join(names(scrape(t, utf8Accept)), " "); got != promNames {
 		t.Fatalf("metric names without a translation strategy\n got: %s\nwant: %s", got, promNames)
+	}
+}
+
+// TestDashboardNames checks that the Grafana dashboard queries only the
+// names the exporter produces (promNames) and idemotel's labels.
+func TestDashboardNames(t *testing.T) {
+	data, err := os.ReadFile("../docs/grafana/idem-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, n := range strings.Fields(promNames) {
+		known[n] = true
+	}
+	for _, k := range []attribute.Key{idemotel.OutcomeKey, idemotel.RefusedKey, idemotel.TableKey, idemotel.OperationKey, idemotel.KeyStateKey} {
+		known[strings.ReplaceAll(string(k), ".", "_")] = true
+	}
+	var used []string
+	for _, m := range regexp.MustCompile(`\bidem_[a-z_]+\b`).FindAllString(string(data), -1) {
+		if !known[m] {
+			t.Errorf("the dashboard queries %s, which idemotel does not export", m)
+		}
+		used = append(used, m)
+	}
+	if len(used) == 0 {
+		t.Fatal("no idem name in the dashboard")
 	}
 }

@@ -29,6 +29,10 @@ import (
 // WithStatsInterval share it. A failed query reports nothing for that
 // collection and goes to the SDK's error handler.
 //
+// The figures describe the table, not the process: every instance of a
+// service that registers them reports the same values, so aggregate them
+// with max, not sum (or register them in one instance).
+//
 // Options: WithMeterProvider, WithStatsTimeout, WithStatsInterval; others
 // have no effect. Call Unregister on the returned Registration to stop.
 func RegisterStats(c *idem.Client, opts ...Option) (metric.Registration, error) {
