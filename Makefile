@@ -9,7 +9,7 @@ FUZZTIME  ?= 10s
 # The repository's Go modules: the root module and the nested ones that
 # keep heavy dependencies away from the core's users. test, vet, fmt-check,
 # tidy-check, lint and fuzz run in each.
-MODULES   := . payments_example idemgrpc
+MODULES   := . payments_example idemgrpc idemotel
 # Pathspecs that leave the nested modules out of the root module's files.
 NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 

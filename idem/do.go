@@ -127,21 +127,27 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	var (
 		zero  T
 		start time.Time
-		end   CallEnd
+		end   struct {
+			CallEnd
+			reported bool
+		}
 	)
 	if s.replayed != nil {
 		*s.replayed = false
 	}
 	obs := s.observer
 	scope, scopeErr := callScope(ctx, s)
-	returned := false
 	if obs != nil {
 		start = time.Now()
 		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
+		// A panic (re-raised after the rollback) or runtime.Goexit in fn
+		// skips the end below; the observer still hears of it, as a failure,
+		// so that no span or in-flight count is left open.
 		defer func() {
-			if !returned { // fn panicked: end the call, and let the panic go on
+			if !end.reported {
+				end.reported = true
 				obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
-					Waited: end.Waited, Duration: time.Since(start), Err: errPanicked})
+					Waited: end.Waited, Duration: time.Since(start), Err: errAbandoned})
 			}
 		}()
 	}
@@ -153,15 +159,17 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	if err == nil {
 		v, outcome, err = settle[T](ctx, db, s, scope, key, reqHash, fn, &end.Waited)
 	}
-	returned = true
 	if s.replayed != nil && outcome == OutcomeReplayed {
 		*s.replayed = true
 	}
 	if obs != nil {
 		end.Table, end.Scope, end.Outcome, end.Err = s.table, scope, outcome, err
 		end.Duration = time.Since(start)
-		end.Refused = isRefusal(err)
-		obs.CallEnd(ctx, end)
+		// Only a refusal that was stored (now or before) counts: a Refusal
+		// without a Code, say, fails the call and stores nothing.
+		end.Refused = (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err)
+		end.reported = true
+		obs.CallEnd(ctx, end.CallEnd)
 	}
 	if err != nil && outcome != OutcomeRefused && outcome != OutcomeReplayed {
 		return zero, outcome, err
@@ -208,12 +216,26 @@ func settle[T any, W work[T]](ctx context.Context, db Beginner, s *settings, sco
 	}
 }
 
-// errPanicked is the Err an Observer sees for a call whose fn panicked.
-var errPanicked = errors.New("idem: fn panicked")
+// errAbandoned is the error observers receive for a call that did not
+// return: fn panicked or exited its goroutine. Everything rolled back.
+var errAbandoned error = abandoned{}
 
+type abandoned struct{}
+
+func (abandoned) Error() string {
+	return "idem: the call panicked or its goroutine exited; everything rolled back"
+}
+
+// ErrorType names the error for telemetry (OpenTelemetry's error.type
+// convention).
+func (abandoned) ErrorType() string { return "panic" }
+
+// isRefusal reports whether err holds a *Refusal. errors.AsType, unlike
+// errors.As, needs no pointer that escapes: the observed path allocates
+// nothing.
 func isRefusal(err error) bool {
-	var r *Refusal
-	return err != nil && errors.As(err, &r) && r != nil
+	r, ok := errors.AsType[*Refusal](err)
+	return ok && r != nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

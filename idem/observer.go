@@ -62,7 +62,9 @@ func (o Outcome) String() string {
 // CallStart runs before any database work; the context it returns is used
 // for the rest of the call, is given to fn by Run and Wrap (so spans of the
 // work become its children) and is passed to CallEnd. CallEnd runs once per
-// CallStart, when the call returns, even when it fails validation.
+// CallStart, when the call returns, even when it fails validation (Do
+// without a function included); when fn panics or exits its goroutine,
+// CallEnd runs with OutcomeFailed while the panic unwinds.
 // Both run on the caller's goroutine and must be safe for concurrent use;
 // they should be fast, since they sit on the request path.
 //

@@ -241,8 +241,7 @@ func WithReplayed(p *bool) Option {
 }
 
 // CheckOptions reports whether opts are valid for a call of Run (and so of
-// Do),
-// without touching a database: nil, or an error wrapping ErrInvalidOption,
+// Do), without touching a database: nil, or an error wrapping ErrInvalidOption,
 // ErrInvalidScope or ErrInvalidTable. Integrations that pass the same
 // per-call options to every call check them with it once, at start-up.
 // Deployment settings belong in a Config, which NewClient checks.

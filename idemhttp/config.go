@@ -143,8 +143,9 @@ type Config struct {
 
 	// Observer, if set, is told about every covered request with a key, and
 	// about requests the middleware refuses before any call, with the HTTP
-	// status answered (idem.CallEnd.HTTPStatus). It replaces the idem
-	// Client's Config.Observer for these calls. Defaults to the Client's.
+	// status answered (idem.CallEnd.HTTPStatus; 0 when the handler panicked
+	// and no answer was written). It replaces the idem Client's
+	// Config.Observer for these calls. Defaults to the Client's.
 	Observer idem.Observer
 
 	// ProblemBase replaces "/problems/" in the types of the middleware's own
@@ -182,7 +183,8 @@ type Middleware struct {
 	idemOpts  []idem.Option
 	// legacy: built by the deprecated New, whose options may carry an
 	// idem.WithScope that the Scope function has always overridden.
-	legacy bool
+	legacy   bool
+	observer idem.Observer // what idemOpts and db resolve to, found once
 }
 
 // NewMiddleware returns the middleware on db (an *idem.Client, whose Config
@@ -322,6 +324,7 @@ func newMiddleware(db idem.Beginner, cfg Config, legacy []idem.Option) (*Middlew
 	if err := idem.CheckOptions(m.idemOpts...); err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}
+	m.observer = idem.ObserverOf(db, m.idemOpts...)
 	m.cfg = cfg
 	return m, nil
 }

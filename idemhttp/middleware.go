@@ -148,12 +148,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 
 	obs := newObservation(m, h.observer())
-	answered := false
-	defer func() {
-		if !answered {
-			obs.done(0) // the handler panicked: end the call's observation
-		}
-	}()
+	// A panicking handler writes no answer; its call is still reported.
+	defer obs.done(0)
 	opts := append(slices.Clip(m.idemOpts), legacyScope...)
 	if obs != nil {
 		opts = append(opts, idem.WithObserver(obs))
@@ -185,7 +181,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}, opts...)
 
 	status := h.answer(w, r, ctx, captured, stored, outcome, err)
-	answered = true
 	obs.done(status)
 }
 
@@ -214,9 +209,7 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 }
 
 // observer is the Observer the middleware's calls report to.
-func (h *handler) observer() idem.Observer {
-	return idem.ObserverOf(h.m.db, h.m.idemOpts...)
-}
+func (h *handler) observer() idem.Observer { return h.m.observer }
 
 // readBody reads the whole body within the limit, before any database work,
 // and puts it back for the handler. It answers the request itself (413, or

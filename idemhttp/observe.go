@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem/idem"
@@ -39,11 +40,14 @@ func (o *observation) CallEnd(ctx context.Context, c idem.CallEnd) {
 	o.ctx, o.end, o.ended = ctx, c, true
 }
 
-// done passes the held end on, with the status answered.
+// done passes the held end on, with the status answered, once: a later
+// call does nothing. Status 0 means no answer was written (the handler
+// panicked).
 func (o *observation) done(status int) {
 	if o == nil || !o.ended {
 		return
 	}
+	o.ended = false
 	o.end.HTTPStatus = status
 	o.inner.CallEnd(o.ctx, o.end)
 }
@@ -75,3 +79,10 @@ func (o *observation) table() string {
 type refusedError string
 
 func (e refusedError) Error() string { return "idemhttp: refused before any call: " + string(e) }
+
+// ErrorType names the refusal for telemetry (OpenTelemetry's error.type
+// convention): "idemhttp." and the problem's name, such as
+// "idemhttp.invalid-key".
+func (e refusedError) ErrorType() string {
+	return "idemhttp." + strings.TrimPrefix(string(e), DefaultProblemBase)
+}
