@@ -164,7 +164,6 @@ func (w *world) entries() []entry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	//nolint:staticcheck // the deprecated path is supported, so it is tested
 	legacy := idemhttp.New(w.pool, idemhttp.WithIdemOptions(idem.WithObserver(w.tm.observer())))
 
 	return []entry{
