@@ -83,7 +83,7 @@ func run(ctx context.Context, out io.Writer) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	protected, err := payments.NewHandler(pool, keys, nil)
+	protected, err := payments.NewHandler(pool, keys, nil, nil)
 	if err != nil {
 		return false, err
 	}
@@ -91,7 +91,7 @@ func run(ctx context.Context, out io.Writer) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("with idem: %w", err)
 	}
-	without, err := play(ctx, pool, payments.NewUnprotectedHandler(pool, nil), plan)
+	without, err := play(ctx, pool, payments.NewUnprotectedHandler(pool, nil, nil), plan)
 	if err != nil {
 		return false, fmt.Errorf("without idem: %w", err)
 	}

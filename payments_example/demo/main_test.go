@@ -26,7 +26,7 @@ func TestPlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	protected, err := payments.NewHandler(pool, keys, nil)
+	protected, err := payments.NewHandler(pool, keys, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestPlay(t *testing.T) {
 		t.Fatalf("with idem: %+v; want an exact balance, some lost answers, and a replay for each", with)
 	}
 
-	without, err := play(t.Context(), pool, spec.Handler(t, payments.NewUnprotectedHandler(pool, nil)), plan)
+	without, err := play(t.Context(), pool, spec.Handler(t, payments.NewUnprotectedHandler(pool, nil, nil)), plan)
 	if err != nil {
 		t.Fatal(err)
 	}
