@@ -2,8 +2,10 @@ package processor
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -164,7 +166,7 @@ func (f *Fake) charge(w http.ResponseWriter, r *http.Request) {
 	case known:
 		f.stats.Replays++
 	default:
-		ch = &FakeCharge{ID: fmt.Sprintf("ch_%06d", len(f.charges)+1), Key: key, Charge: c}
+		ch = &FakeCharge{ID: newChargeID(), Key: key, Charge: c}
 		f.byKey[key] = ch
 		f.charges = append(f.charges, ch)
 		f.stats.Charges++
@@ -198,6 +200,14 @@ func (f *Fake) reject(w http.ResponseWriter, status int, msg string) {
 	f.stats.Rejected++
 	f.mu.Unlock()
 	http.Error(w, msg, status)
+}
+
+// newChargeID returns a charge id that no other fake, in this process or
+// another, hands out: a processor's ids are unique across its merchants.
+func newChargeID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return "ch_" + hex.EncodeToString(b)
 }
 
 // decide draws whether the n-th call (from 0) with key fails before

@@ -22,29 +22,38 @@ import (
 // both runs send the processor the same key and charge, and the processor
 // answers both with the same charge; both record that charge with the same
 // idempotent UPDATE (sql/record.sql), in the transaction that completes
-// the job.
+// the job. So the settings below may run a job again early; they must
+// never leave one waiting long.
 const (
 	// CallTimeout bounds one call to the processor: a call that has not
 	// been answered by then is abandoned and retried with the same key.
-	CallTimeout = 5 * time.Second
+	CallTimeout = 4 * time.Second
 
 	// JobTimeout bounds one run of a job (River cancels its context): the
 	// processor call and the transaction that records it. River's
 	// default is 1 minute.
-	JobTimeout = 2 * CallTimeout
+	JobTimeout = CallTimeout + time.Second
 
 	// RescueStuckJobsAfter is how long a job may stay "running" before
 	// River's rescuer runs it again. A job stays running after its
-	// process died (SIGKILL, a crash) or after its completion could not be
-	// written (the database was down). River's default is 1 hour, which
-	// would leave a payment unsettled for an hour after a crash. A job
-	// that is in fact still running then is past JobTimeout, its context
-	// cancelled; running it again is safe (see above). River requires it
-	// to exceed JobTimeout. The rescuer itself runs every 30 s on the
-	// leader, so a crashed job runs again within about
-	// RescueStuckJobsAfter + 30 s + the time a new leader takes (up to
-	// about 20 s after a crash of the leader).
-	RescueStuckJobsAfter = JobTimeout + 5*time.Second
+	// process died (SIGKILL, a crash) or after its completion could not
+	// be written (the database was down). River's default is 1 hour,
+	// which would leave a payment unsettled for an hour after a crash. A
+	// job still running then is past JobTimeout, its context cancelled;
+	// running it again is safe (see above). River requires it to exceed
+	// JobTimeout.
+	//
+	// The value is below 9 s for a reason. The rescuer runs on River's
+	// leader, at once when a process becomes leader and every 30 s after.
+	// When the leader is killed, its leadership expires 9 to 15 s later
+	// (River re-elects every 5 s, plus up to 1 s, with a 15 s TTL), and a
+	// process that restarted in the meantime takes over within 5 s more;
+	// its first rescue then already finds every job the crash interrupted
+	// (8 s before it). A job is so run again within about 21 s of a crash
+	// (plus RetryMax and River's 5 s scheduler interval), and within about
+	// 40 s (8 s, then the next rescue) of a completion that a live process
+	// could not write.
+	RescueStuckJobsAfter = 8 * time.Second
 
 	// RetryMin and RetryMax are the bounds of the Backoff between runs of
 	// a failed job: 250 ms, 500 ms, 1 s, 2 s, then 4 s. RetryMax stays
