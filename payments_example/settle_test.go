@@ -461,7 +461,7 @@ func (c *soakClient) pay(ctx context.Context, a api.AccountCreated, key string, 
 		case ctx.Err() != nil:
 			return api.Payment{}, ctx.Err()
 		case time.Now().After(deadline):
-			return api.Payment{}, fmt.Errorf("still failing after %v: %d %v", 5*liveness, status, err)
+			return api.Payment{}, fmt.Errorf("still failing after %v: %d %w", 5*liveness, status, err)
 		case err != nil, status == http.StatusConflict, status >= 500:
 			continue
 		case status != http.StatusCreated:

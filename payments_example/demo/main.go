@@ -192,7 +192,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		return outcome{}, err
 	}
 	defer stopProcessor()
-	svc, err := newChild(h.dir, bin, []string{"-processor", processorURL}, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=")
+	svc, err := newChild(ctx, h.dir, bin, []string{"-processor", processorURL}, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=")
 	if err != nil {
 		return outcome{}, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -49,8 +50,8 @@ type child struct {
 
 // newChild prepares bin to run with args on a free loopback port, with
 // env added to the demo's environment; it prints to a file in dir.
-func newChild(dir, bin string, args []string, env ...string) (*child, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func newChild(ctx context.Context, dir, bin string, args []string, env ...string) (*child, error) {
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
@@ -65,13 +66,14 @@ func newChild(dir, bin string, args []string, env ...string) (*child, error) {
 	}, nil
 }
 
-// start starts the process and waits until GET /healthz answers 200.
+// start starts the process and waits until GET /healthz answers 200. The
+// process is killed if ctx ends (the demo was interrupted).
 func (c *child) start(ctx context.Context) error {
 	log, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(c.bin, c.args...)
+	cmd := exec.CommandContext(ctx, c.bin, c.args...)
 	cmd.Env = c.env
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -88,7 +90,7 @@ func (c *child) start(ctx context.Context) error {
 		select {
 		case err := <-done:
 			done <- err
-			return fmt.Errorf("%s exited while starting: %v\n%s", filepath.Base(c.bin), err, c.output())
+			return fmt.Errorf("%s exited while starting: %w\n%s", filepath.Base(c.bin), err, c.output())
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
@@ -113,7 +115,11 @@ func (c *child) kill(ctx context.Context) error {
 	cmd, done := c.cmd, c.done
 	c.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-done
+	err := <-done
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		return fmt.Errorf("%s had exited before the kill: %w\n%s", filepath.Base(c.bin), err, c.output())
+	}
 	return c.start(ctx)
 }
 
