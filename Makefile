@@ -16,7 +16,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test settle-test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,6 +32,9 @@ test: postgres fmt-check vet tidy-check generate-check ## Run every test of ever
 	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
 	done; exit $$status
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
+
+settle-test: postgres ## The payments example's long settlement test: SIGKILLs, a database restart (a cluster of its own; root), a faulty processor.
+	cd payments_example && IDEM_SETTLE_TEST=1 $(GO) test -race -count=1 -timeout 20m -run 'TestSettleThroughKillsAndRestarts$$' -v .
 
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
 	cd payments_example && $(GO) run ./demo

@@ -70,6 +70,16 @@ var ErrNoKey = errors.New("idem: no idempotency key in the context (DeriveKey ru
 // characters that any service accepting UUID keys accepts. Its derivation
 // is part of the contract and will not change, since a change would make a
 // retry after an upgrade send a new key downstream.
+//
+// A derived key outlives the call's key: a client that sends the same key
+// again after it expired (Config.TTL) runs the work again, and the work
+// derives the same downstream key, which the downstream service may still
+// remember, for another request. When the work knows an identifier of what
+// the call is about (an order or payment id it has just inserted), put it
+// in purpose ("payments/settle/42"); otherwise keep the TTL at least as long
+// as the downstream service keeps its keys. The key is not a secret:
+// anyone who knows the scope, the key and the purpose can compute it.
+// docs/EXTERNAL_EFFECTS.md says when a downstream call with it is safe.
 func (k CallKey) Derive(purpose string) string {
 	h := sha256.New()
 	h.Write([]byte("idem/derive/v1"))

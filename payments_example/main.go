@@ -5,15 +5,23 @@
 //
 // Usage:
 //
-//	DATABASE_URL=postgres://... go run . -addr 127.0.0.1:8080
+//	DATABASE_URL=postgres://... go run . -addr 127.0.0.1:8080 -processor http://127.0.0.1:8090
 //
 // The HTTP API is described in openapi.yaml and served at GET /openapi.yaml;
 // internal/payments implements it. Clients sign up with POST /accounts and
 // send the API key they receive as "Authorization: Bearer"; idempotency
 // keys are scoped by it. The service creates its tables on start if they
-// are missing, deletes expired idempotency keys every -sweep-every, and
-// shuts down gracefully on SIGINT or SIGTERM. `make demo` (./demo) shows
-// the guarantee against a network that loses answers.
+// are missing (River's too, with rivermigrate), deletes expired
+// idempotency keys every -sweep-every, and shuts down gracefully on SIGINT
+// or SIGTERM. `make demo` (./demo) shows the guarantee against a network
+// that loses answers.
+//
+// With a payment processor (-processor, or PROCESSOR_URL; the flag wins),
+// every committed payment is also charged at the processor, exactly once:
+// POST /payments inserts a settlement job in the payment's transaction,
+// and a River client in this process runs it (internal/settlement).
+// Without one, payments are not settled. ./cmd/processor is a fake
+// processor to try it with.
 package main
 
 import (
@@ -34,6 +42,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/payments_example/internal/settlement"
+	"github.com/idemhq/idem/payments_example/processor"
 )
 
 // defaultDatabaseURL is used when DATABASE_URL is not set.
@@ -58,13 +68,18 @@ const (
 	// MaxHeaderBytes bounds the request line and headers.
 	MaxHeaderBytes = 64 << 10
 	// shutdownTimeout bounds a graceful shutdown: requests in flight get
-	// this long to finish.
+	// this long to finish, and then settlement jobs in flight as long
+	// again; jobs still running after that are cancelled and run again
+	// later.
 	shutdownTimeout = 10 * time.Second
 )
 
 // settings is what serve needs besides the listener and the database.
 type settings struct {
 	sweepEvery time.Duration // how often expired idempotency keys are deleted
+	// processorURL is the payment processor's base URL; empty: payments
+	// are not settled.
+	processorURL string
 	// The server's timeouts; the constants above in production, shorter in
 	// tests.
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
@@ -84,13 +99,17 @@ func main() {
 	set := defaultSettings()
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on, host:port")
 	flag.DurationVar(&set.sweepEvery, "sweep-every", set.sweepEvery, "how often to delete expired idempotency keys")
+	flag.StringVar(&set.processorURL, "processor", os.Getenv("PROCESSOR_URL"),
+		"payment processor base URL; every payment is settled there (default $PROCESSOR_URL; none: payments are not settled)")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-sweep-every 1m]
+		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-sweep-every 1m] [-processor URL]
 
-A payments service that charges each payment exactly once per Idempotency-Key.
+A payments service that charges each payment exactly once per Idempotency-Key,
+and settles each at the payment processor exactly once.
 
 Environment:
-  DATABASE_URL  PostgreSQL connection URL (default %s)
+  DATABASE_URL   PostgreSQL connection URL (default %s)
+  PROCESSOR_URL  payment processor base URL, if -processor is not given
 
 Server timeouts: headers %v, request %v, answer %v, idle connection %v.
 
@@ -102,6 +121,12 @@ Flags:
 	if set.sweepEvery <= 0 {
 		fmt.Fprintln(os.Stderr, "payments_example: -sweep-every must be positive")
 		os.Exit(2)
+	}
+	if set.processorURL != "" {
+		if _, err := processor.NewClient(set.processorURL, nil); err != nil {
+			fmt.Fprintln(os.Stderr, "payments_example: -processor:", err)
+			os.Exit(2)
+		}
 	}
 
 	dbURL := os.Getenv("DATABASE_URL")
@@ -135,9 +160,10 @@ func run(ctx context.Context, addr, dbURL string, log *slog.Logger, set settings
 }
 
 // serve serves the API on ln until ctx ends, then shuts down gracefully:
-// the listener closes, requests in flight finish (up to 10s), and the
-// sweeper stops, before it returns.
-func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) error {
+// the listener closes, requests in flight finish (up to 10s), settlement
+// jobs in flight finish (up to 10s more), and the sweeper stops, before it
+// returns.
+func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) (err error) {
 	// One idem.Client holds the deployment's key settings; the middleware
 	// and the sweeper share it. Its Logger receives failed sweeps.
 	keys, err := idem.NewClient(pool, &idem.Config{Logger: log})
@@ -145,7 +171,19 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 		_ = ln.Close()
 		return err
 	}
-	handler, err := payments.NewHandler(pool, keys, log)
+	var settler payments.Settler // nil: no settlement
+	if set.processorURL != "" {
+		jobs, stopJobs, err := startSettlement(ctx, pool, set.processorURL, log)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		// Deferred first, so it runs after the server has shut down: no
+		// request inserts a job any more.
+		defer func() { err = errors.Join(err, stopJobs()) }()
+		settler = jobs
+	}
+	handler, err := payments.NewHandler(pool, keys, settler, log)
 	if err != nil {
 		_ = ln.Close()
 		return err
@@ -170,7 +208,7 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String(), "sweep_every", set.sweepEvery)
+	log.Info("serving", "addr", ln.Addr().String(), "sweep_every", set.sweepEvery, "processor", set.processorURL)
 
 	select {
 	case err := <-served:
@@ -191,12 +229,46 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 	return nil
 }
 
-// migrate creates the tables, waiting for the database if it is not up
-// yet: the service starts listening, and /healthz answers 200, only once it
-// can serve.
+// startSettlement starts the River client that settles payments at the
+// processor at processorURL, and returns the Settler that inserts its jobs
+// and a function that stops it: jobs in flight get shutdownTimeout to
+// finish, and are then cancelled (River runs them again later).
+func startSettlement(ctx context.Context, pool *pgxpool.Pool, processorURL string, log *slog.Logger) (payments.Settler, func() error, error) {
+	// The processor's calls are bounded by their contexts
+	// (settlement.CallTimeout); a transport of its own keeps them apart
+	// from any other traffic of the process.
+	proc, err := processor.NewClient(processorURL, &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()})
+	if err != nil {
+		return nil, nil, err
+	}
+	jobs, err := settlement.NewClient(pool, proc, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The jobs outlive the request that ends ctx; Stop ends them.
+	if err := jobs.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, nil, err
+	}
+	stop := func() error {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		defer cancel()
+		if err := jobs.Stop(stopCtx); err != nil {
+			return jobs.StopAndCancel(context.WithoutCancel(ctx))
+		}
+		return nil
+	}
+	return settlement.NewQueue(jobs), stop, nil
+}
+
+// migrate creates the tables, River's included, waiting for the database
+// if it is not up yet: the service starts listening, and /healthz answers
+// 200, only once it can serve.
 func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	for {
 		err := payments.Migrate(ctx, pool)
+		if err == nil {
+			err = settlement.Migrate(ctx, pool)
+		}
 		if err == nil {
 			return nil
 		}

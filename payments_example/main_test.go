@@ -23,7 +23,20 @@ import (
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 )
 
-func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
+// childEnv, set to 1, makes the test binary run the command itself
+// (main) instead of the tests: the kill tests (settle_test.go) start it as
+// a child process, so that they can SIGKILL the service's real code, race
+// detector included, while the processor and the client live on in the
+// test process.
+const childEnv = "PAYMENTS_EXAMPLE_SERVE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(testdb.Main(m))
+}
 
 // liveness bounds the tests below that wait for the server to do
 // something: not a timing assertion, only a limit on a broken run.

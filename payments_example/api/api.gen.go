@@ -187,13 +187,13 @@ func (e KeyMismatchProblemType) Valid() bool {
 
 // Defines values for NoSuchAccountProblemStatus.
 const (
-	N404 NoSuchAccountProblemStatus = 404
+	NoSuchAccountProblemStatusN404 NoSuchAccountProblemStatus = 404
 )
 
 // Valid indicates whether the value is a known member of the NoSuchAccountProblemStatus enum.
 func (e NoSuchAccountProblemStatus) Valid() bool {
 	switch e {
-	case N404:
+	case NoSuchAccountProblemStatusN404:
 		return true
 	default:
 		return false
@@ -209,6 +209,36 @@ const (
 func (e NoSuchAccountProblemType) Valid() bool {
 	switch e {
 	case ProblemspaymentsnoSuchAccount:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for NoSuchPaymentProblemStatus.
+const (
+	NoSuchPaymentProblemStatusN404 NoSuchPaymentProblemStatus = 404
+)
+
+// Valid indicates whether the value is a known member of the NoSuchPaymentProblemStatus enum.
+func (e NoSuchPaymentProblemStatus) Valid() bool {
+	switch e {
+	case NoSuchPaymentProblemStatusN404:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for NoSuchPaymentProblemType.
+const (
+	ProblemspaymentsnoSuchPayment NoSuchPaymentProblemType = "/problems/payments/no-such-payment"
+)
+
+// Valid indicates whether the value is a known member of the NoSuchPaymentProblemType enum.
+func (e NoSuchPaymentProblemType) Valid() bool {
+	switch e {
+	case ProblemspaymentsnoSuchPayment:
 		return true
 	default:
 		return false
@@ -600,6 +630,25 @@ type NoSuchAccountProblemStatus int
 // NoSuchAccountProblemType defines model for NoSuchAccountProblem.Type.
 type NoSuchAccountProblemType string
 
+// NoSuchPaymentProblem defines model for NoSuchPaymentProblem.
+type NoSuchPaymentProblem struct {
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                    `json:"detail,omitempty"`
+	Instance *string                    `json:"instance,omitempty"`
+	Status   NoSuchPaymentProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string                   `json:"title"`
+	Type  NoSuchPaymentProblemType `json:"type"`
+}
+
+// NoSuchPaymentProblemStatus defines model for NoSuchPaymentProblem.Status.
+type NoSuchPaymentProblemStatus int
+
+// NoSuchPaymentProblemType defines model for NoSuchPaymentProblem.Type.
+type NoSuchPaymentProblemType string
+
 // Payment defines model for Payment.
 type Payment struct {
 	AccountId int64 `json:"account_id"`
@@ -662,6 +711,21 @@ type PaymentServerErrorProblemStatus int
 
 // PaymentServerErrorProblemType defines model for PaymentServerErrorProblem.Type.
 type PaymentServerErrorProblemType string
+
+// PaymentStatus defines model for PaymentStatus.
+type PaymentStatus struct {
+	AccountId int64 `json:"account_id"`
+
+	// Amount In cents.
+	Amount int64 `json:"amount"`
+	Id     int64 `json:"id"`
+
+	// ProcessorId The processor's charge, once settled; null before.
+	ProcessorId *string `json:"processor_id"`
+
+	// Settled Whether the payment processor has charged the payment.
+	Settled bool `json:"settled"`
+}
 
 // PaymentUnavailableProblem defines model for PaymentUnavailableProblem.
 type PaymentUnavailableProblem struct {
@@ -947,6 +1011,18 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /payments (the `CreatePayment` operationId).
 	CreatePayment(ctx context.Context, params *CreatePaymentParams, body CreatePaymentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetPayment One of the API key's payments, and whether it is settled.
+	//
+	// A payment is settled once the payment processor has charged it:
+	// `settled` turns true and `processor_id` holds the processor's
+	// charge. Settlement happens after `POST /payments` has answered, in
+	// the background, and is retried until the processor answers; each
+	// payment is charged at the processor exactly once. A service started
+	// without a processor never settles (`settled` stays false).
+	//
+	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
+	GetPayment(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // CreateAccountWithBody Sign up; answers the account and its API key.
@@ -1078,6 +1154,28 @@ func (c *Client) CreatePaymentWithBody(ctx context.Context, params *CreatePaymen
 // Corresponds with POST /payments (the `CreatePayment` operationId).
 func (c *Client) CreatePayment(ctx context.Context, params *CreatePaymentParams, body CreatePaymentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCreatePaymentRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetPayment One of the API key's payments, and whether it is settled.
+//
+// A payment is settled once the payment processor has charged it:
+// `settled` turns true and `processor_id` holds the processor's
+// charge. Settlement happens after `POST /payments` has answered, in
+// the background, and is retried until the processor answers; each
+// payment is charged at the processor exactly once. A service started
+// without a processor never settles (`settled` stays false).
+//
+// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
+func (c *Client) GetPayment(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetPaymentRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1269,6 +1367,40 @@ func NewCreatePaymentRequestWithBody(server string, params *CreatePaymentParams,
 	return req, nil
 }
 
+// NewGetPaymentRequest constructs an http.Request for the GetPayment method
+func NewGetPaymentRequest(server string, id int64) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: "int64"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/payments/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -1387,6 +1519,20 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /payments (the `CreatePayment` operationId).
 	CreatePaymentWithResponse(ctx context.Context, params *CreatePaymentParams, body CreatePaymentJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePaymentResponse, error)
+
+	// GetPaymentWithResponse One of the API key's payments, and whether it is settled.
+	//
+	// A payment is settled once the payment processor has charged it:
+	// `settled` turns true and `processor_id` holds the processor's
+	// charge. Settlement happens after `POST /payments` has answered, in
+	// the background, and is retried until the processor answers; each
+	// payment is charged at the processor exactly once. A service started
+	// without a processor never settles (`settled` stays false).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
+	GetPaymentWithResponse(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
 }
 
 // CreateAccountResponse201Headers the declared response headers of an HTTP 201 response for CreateAccount
@@ -1798,6 +1944,89 @@ func (r CreatePaymentResponse) ContentType() string {
 	return ""
 }
 
+// GetPaymentResponse401Headers the declared response headers of an HTTP 401 response for GetPayment
+type GetPaymentResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// GetPaymentResponse503Headers the declared response headers of an HTTP 503 response for GetPayment
+type GetPaymentResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetPaymentResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PaymentStatus
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NoSuchPaymentProblem
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetPaymentResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetPaymentResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetPaymentResponse) GetJSON200() *PaymentStatus {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetPaymentResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetPaymentResponse) GetApplicationproblemJSON404() *NoSuchPaymentProblem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetPaymentResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetPaymentResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetPaymentResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetPaymentResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetPaymentResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetPaymentResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // CreateAccountWithBodyWithResponse Sign up; answers the account and its API key.
 //
 // Opens an account with an opening balance and answers it with its
@@ -1913,6 +2142,26 @@ func (c *ClientWithResponses) CreatePaymentWithResponse(ctx context.Context, par
 		return nil, err
 	}
 	return ParseCreatePaymentResponse(rsp)
+}
+
+// GetPaymentWithResponse One of the API key's payments, and whether it is settled.
+//
+// A payment is settled once the payment processor has charged it:
+// `settled` turns true and `processor_id` holds the processor's
+// charge. Settlement happens after `POST /payments` has answered, in
+// the background, and is retried until the processor answers; each
+// payment is charged at the processor exactly once. A service started
+// without a processor never settles (`settled` stays false).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
+func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
+	rsp, err := c.GetPayment(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetPaymentResponse(rsp)
 }
 
 // ParseCreateAccountResponse parses an HTTP response from a CreateAccountWithResponse call
@@ -2300,6 +2549,83 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 	return response, nil
 }
 
+// ParseGetPaymentResponse parses an HTTP response from a GetPaymentWithResponse call
+func ParseGetPaymentResponse(rsp *http.Response) (*GetPaymentResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetPaymentResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PaymentStatus
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NoSuchPaymentProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetPaymentResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetPaymentResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// CreateAccount Sign up; answers the account and its API key.
@@ -2317,6 +2643,9 @@ type ServerInterface interface {
 	// CreatePayment Charge the API key's account, exactly once per Idempotency-Key.
 	// (POST /payments)
 	CreatePayment(w http.ResponseWriter, r *http.Request, params CreatePaymentParams)
+	// GetPayment One of the API key's payments, and whether it is settled.
+	// (GET /payments/{id})
+	GetPayment(w http.ResponseWriter, r *http.Request, id int64)
 }
 
 // ServerInterfaceWrapper converts contexts to parameters.
@@ -2432,6 +2761,32 @@ func (siw *ServerInterfaceWrapper) CreatePayment(w http.ResponseWriter, r *http.
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.CreatePayment(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetPayment operation middleware
+func (siw *ServerInterfaceWrapper) GetPayment(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id int64
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "int64", ValueIsUnescaped: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetPayment(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2566,6 +2921,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/accounts", wrapper.CreateAccount)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/accounts/{id}", wrapper.GetAccount)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/payments", wrapper.CreatePayment)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/payments/{id}", wrapper.GetPayment)
 
 	return m
 }

@@ -21,20 +21,24 @@ type payment struct {
 
 // newRetryingClient returns the HTTP client a careful payer uses: it
 // retries what may not have gone through (a broken connection, a 5xx, a
-// 409 while the first attempt still runs) with a short backoff, and counts
-// the retries.
-func newRetryingClient(retries *atomic.Int64) *retryablehttp.Client {
+// 409 while the first attempt still runs, a service restarting) with a
+// short backoff, sends through wrap(transport) (nil: the transport), and
+// counts the retries.
+func newRetryingClient(retries *atomic.Int64, wrap func(http.RoundTripper) http.RoundTripper) *retryablehttp.Client {
 	c := retryablehttp.NewClient()
 	// One connection per attempt. With keep-alive, net/http resends a
 	// request that carries an Idempotency-Key by itself when a reused
 	// connection breaks, and that retry would go uncounted here.
-	c.HTTPClient = &http.Client{
-		Transport: &http.Transport{DisableKeepAlives: true},
-		Timeout:   10 * time.Second,
+	var transport http.RoundTripper = &http.Transport{DisableKeepAlives: true}
+	if wrap != nil {
+		transport = wrap(transport)
 	}
-	c.RetryMax = 10
+	c.HTTPClient = &http.Client{Transport: transport, Timeout: 10 * time.Second}
+	// Up to about 10 s of retries: long enough to outlast a restart of
+	// the service.
+	c.RetryMax = 25
 	c.RetryWaitMin = 5 * time.Millisecond
-	c.RetryWaitMax = 100 * time.Millisecond
+	c.RetryWaitMax = 500 * time.Millisecond
 	c.Logger = nil
 	c.RequestLogHook = func(_ retryablehttp.Logger, _ *http.Request, attempt int) {
 		if attempt > 0 {
@@ -64,17 +68,25 @@ func newAPIClient(baseURL, apiKey string, doer api.HttpRequestDoer) (*api.Client
 		}))
 }
 
+// A result is what one payment came to: the payment answered 201, or
+// the error that ended its retries.
+type result struct {
+	payment api.Payment
+	err     error
+}
+
 // payAll sends every payment of plan from workers goroutines through client
-// and returns, per payment, nil if it was answered 201 and the error
-// otherwise.
-func payAll(ctx context.Context, client *api.ClientWithResponses, accountID int64, plan []payment, workers int) []error {
-	errs := make([]error, len(plan))
+// and returns what each came to, counting the payments answered in
+// answered as it goes.
+func payAll(ctx context.Context, client *api.ClientWithResponses, accountID int64, plan []payment, workers int, answered *atomic.Int64) []result {
+	results := make([]result, len(plan))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for i := range next {
-				errs[i] = pay(ctx, client, accountID, plan[i])
+				results[i].payment, results[i].err = pay(ctx, client, accountID, plan[i])
+				answered.Add(1)
 			}
 		})
 	}
@@ -83,21 +95,21 @@ func payAll(ctx context.Context, client *api.ClientWithResponses, accountID int6
 	}
 	close(next)
 	wg.Wait()
-	return errs
+	return results
 }
 
 // pay makes one payment. The retries happen underneath, in the retrying
 // client, which resends the same request: the same Idempotency-Key, the
 // same body.
-func pay(ctx context.Context, client *api.ClientWithResponses, accountID int64, p payment) error {
+func pay(ctx context.Context, client *api.ClientWithResponses, accountID int64, p payment) (api.Payment, error) {
 	res, err := client.CreatePaymentWithResponse(ctx,
 		&api.CreatePaymentParams{IdempotencyKey: p.key},
 		api.CreatePaymentJSONRequestBody{AccountId: accountID, Amount: p.amount, Currency: api.USD})
 	if err != nil {
-		return err
+		return api.Payment{}, err
 	}
 	if res.JSON201 == nil {
-		return fmt.Errorf("payment %s: status %d", p.key, res.StatusCode())
+		return api.Payment{}, fmt.Errorf("payment %s: status %d", p.key, res.StatusCode())
 	}
-	return nil
+	return *res.JSON201, nil
 }

@@ -28,8 +28,8 @@ func serverURL() string {
 }
 
 // freshDatabase creates an empty database for this run on the server at
-// server and returns a pool on it, and a function that closes the pool and
-// drops the database.
+// server and returns a pool on it (its URL: pool.Config().ConnString()),
+// and a function that closes the pool and drops the database.
 func freshDatabase(ctx context.Context, server string) (*pgxpool.Pool, func(), error) {
 	name := fmt.Sprintf("idem_demo_%d", os.Getpid())
 	admin, err := pgx.Connect(ctx, server)

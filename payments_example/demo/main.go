@@ -1,18 +1,28 @@
-// Command demo shows, in a few seconds, what idem guarantees.
+// Command demo shows, in about a minute, what idem guarantees.
 //
-// It starts the payments service, signs up for an account and its API
-// key, puts a proxy in front of the service that loses 30% of the answers
-// after the service has acted, and sends 300 payments through it. The
-// client is the one generated from the service's OpenAPI spec (package
-// api), over a go-retryablehttp client that retries every failure with the
-// payment's Idempotency-Key: spec, server and client, exactly once. Then it checks the account: with idem, the balance is
-// exact. It then sends the same traffic to the same business code without
-// idem, and shows how much money the retries charged twice.
+// It builds the payments service and runs it as a child process against a
+// fake payment processor (package processor) that fails 10% of its calls
+// and loses 20% of its answers after charging. It signs up for an account
+// and its API key, puts a proxy in front of the service that loses 30% of
+// the answers after the service has acted, and sends 300 payments through
+// it; halfway through, it kills the service (SIGKILL) and starts it
+// again. The client is the one generated from the service's OpenAPI spec
+// (package api), over a go-retryablehttp client that retries every
+// failure with the payment's Idempotency-Key: spec, server and client,
+// exactly once. Then it waits until every payment is settled at the
+// processor and checks the account and the processor: with idem, the
+// balance is exact and the processor charged each payment once. It then
+// sends the same traffic, through the same lossy network and with the same
+// kill, to the same business code without idem (./unprotected), which
+// calls the processor inside the request with a new key per attempt, and
+// shows how much money the retries charged twice, in the service and at
+// the processor.
 //
 // Run it with `make demo` or `go run ./payments_example/demo`. It finds
 // PostgreSQL as the tests do (IDEM_TEST_DATABASE_URL, DATABASE_URL, else
 // 127.0.0.1:5432), works in a database of its own that it drops at the end,
-// and exits non-zero if the protected balance is not exact.
+// and exits non-zero if, with idem, the balance is not exact or a payment
+// is not settled exactly once within a minute of the last answer.
 package main
 
 import (
@@ -25,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,9 +43,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/payments_example/internal/settlement"
+	"github.com/idemhq/idem/payments_example/processor"
 )
 
 const (
@@ -43,7 +55,11 @@ const (
 	lossRate       = 0.30
 	seed           = 2026       // fixes the keys, the amounts and which answers are lost
 	openingBalance = 100_000_00 // cents: 100,000.00 USD, enough for every charge twice over
-	timeLimit      = 50 * time.Second
+	processorFail  = 0.10       // the processor's calls answered 503 before charging
+	processorLose  = 0.20       // the processor's answers lost after charging
+	killAt         = 0.5        // the service is killed once this share of the payments is answered
+	settleBound    = 60 * time.Second
+	timeLimit      = 4 * time.Minute
 )
 
 func main() {
@@ -52,51 +68,57 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, timeLimit)
 	defer cancel()
 
-	exact, err := run(ctx, os.Stdout)
+	with, _, err := run(ctx, os.Stdout, makePlan(), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
 	}
-	if !exact {
+	if !with.exact() {
 		os.Exit(1)
 	}
 }
 
-// run plays both halves of the demo and reports whether the protected
-// balance came out exact.
-func run(ctx context.Context, out io.Writer) (bool, error) {
+// run plays both halves of the demo with plan, reports them on out and
+// returns them. wrap, if not nil, wraps the transport of every request the
+// demo sends to the service (the tests check them against the spec).
+func run(ctx context.Context, out io.Writer, plan []payment, wrap func(http.RoundTripper) http.RoundTripper) (with, without outcome, err error) {
 	pool, cleanup, err := freshDatabase(ctx, serverURL())
 	if err != nil {
-		return false, err
+		return with, without, err
 	}
 	defer cleanup()
 	if err := payments.Migrate(ctx, pool); err != nil {
-		return false, err
+		return with, without, err
+	}
+	if err := settlement.Migrate(ctx, pool); err != nil {
+		return with, without, err
+	}
+	dir, err := os.MkdirTemp("", "idem-demo-")
+	if err != nil {
+		return with, without, err
+	}
+	defer os.RemoveAll(dir)
+	fmt.Fprintln(out, "Building the service (go build)...")
+	bins, err := build(ctx, dir, serviceCmd, unprotectedCmd)
+	if err != nil {
+		return with, without, err
 	}
 
-	plan := makePlan()
 	fmt.Fprintf(out, "Sending %d payments (%d workers) through a network that loses %.0f%% of the\n"+
-		"answers after the service has acted. Every failure is retried with the same key.\n\n",
-		paymentCount, workers, lossRate*100)
+		"answers after the service has acted. Every failure is retried with the same key.\n"+
+		"The service settles each payment at a processor that fails %.0f%% of its calls and\n"+
+		"loses %.0f%% of its answers, and is killed (SIGKILL) and restarted once, halfway.\n\n",
+		len(plan), workers, lossRate*100, processorFail*100, processorLose*100)
 
-	keys, err := idem.NewClient(pool, nil)
-	if err != nil {
-		return false, err
+	h := half{pool: pool, dbURL: pool.Config().ConnString(), dir: dir, plan: plan, wrap: wrap}
+	if with, err = h.play(ctx, bins[0], true); err != nil {
+		return with, without, fmt.Errorf("with idem: %w", err)
 	}
-	protected, err := payments.NewHandler(pool, keys, nil)
-	if err != nil {
-		return false, err
-	}
-	with, err := play(ctx, pool, protected, plan)
-	if err != nil {
-		return false, fmt.Errorf("with idem: %w", err)
-	}
-	without, err := play(ctx, pool, payments.NewUnprotectedHandler(pool, nil), plan)
-	if err != nil {
-		return false, fmt.Errorf("without idem: %w", err)
+	if without, err = h.play(ctx, bins[1], false); err != nil {
+		return with, without, fmt.Errorf("without idem: %w", err)
 	}
 	report(out, with, without)
-	return with.exact(), nil
+	return with, without, nil
 }
 
 // makePlan returns the payments to send. A real client calls uuid.New()
@@ -125,26 +147,65 @@ type outcome struct {
 	lost     int64   // answers the proxy dropped
 	retries  int64   // requests the client sent again
 	replays  int64   // answers served from a stored result
+	kills    int     // SIGKILLs of the service
 	charges  int     // payment rows committed
 	expected int64   // opening balance minus the payments answered 201
 	actual   int64   // the balance the service reports
+
+	processed int           // charges the processor made for the account
+	settled   int           // payment rows settled by a processor charge
+	settling  time.Duration // from the last answer until every payment was settled
 }
 
 func (o outcome) duplicates() int { return o.charges - (o.sent - len(o.failed)) }
 
+// processorDuplicates counts the processor's charges beyond one per
+// payment the client made.
+func (o outcome) processorDuplicates() int { return o.processed - (o.sent - len(o.failed)) }
+
 func (o outcome) exact() bool {
-	return len(o.failed) == 0 && o.duplicates() == 0 && o.actual == o.expected
+	return len(o.failed) == 0 && o.duplicates() == 0 && o.actual == o.expected &&
+		o.processorDuplicates() == 0 && o.settled == o.charges && o.settling <= settleBound
 }
 
-// play serves h behind a lossy proxy, opens an account and sends the plan
-// through the proxy.
-func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []payment) (outcome, error) {
-	service, stopService, err := serve(ctx, h)
+// half is what both halves of the demo share.
+type half struct {
+	pool  *pgxpool.Pool
+	dbURL string
+	dir   string // for the services' logs
+	plan  []payment
+	wrap  func(http.RoundTripper) http.RoundTripper
+}
+
+// play runs the service bin as a child process against a fake processor,
+// behind a lossy proxy, opens an account and sends the plan through the
+// proxy, killing and restarting the service once on the way. With async,
+// settlement happens after the answers, and play waits for it (up to
+// settleBound after the last answer).
+func (h half) play(ctx context.Context, bin string, async bool) (outcome, error) {
+	fake, err := processor.NewFake(processor.FakeConfig{FailRate: processorFail, LoseRate: processorLose, Seed: seed})
 	if err != nil {
 		return outcome{}, err
 	}
-	defer stopService()
-	proxy := newLossyProxy(service, seed, lossRate)
+	processorURL, stopProcessor, err := serve(ctx, fake)
+	if err != nil {
+		return outcome{}, err
+	}
+	defer stopProcessor()
+	svc, err := newChild(ctx, h.dir, bin, []string{"-processor", processorURL}, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=")
+	if err != nil {
+		return outcome{}, err
+	}
+	if err := svc.start(ctx); err != nil {
+		return outcome{}, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = svc.stop()
+		}
+	}()
+	proxy := newLossyProxy(svc.url, seed, lossRate)
 	proxyURL, stopProxy, err := serve(ctx, proxy)
 	if err != nil {
 		return outcome{}, err
@@ -152,8 +213,12 @@ func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []paymen
 	defer stopProxy()
 
 	// The account is opened directly: the experiment is the payments.
-	direct := &http.Client{Timeout: 10 * time.Second}
-	signUp, err := newAPIClient(service, "", direct)
+	var direct http.RoundTripper = &http.Transport{DisableKeepAlives: true}
+	if h.wrap != nil {
+		direct = h.wrap(direct)
+	}
+	directClient := &http.Client{Transport: direct, Timeout: 10 * time.Second}
+	signUp, err := newAPIClient(svc.url, "", directClient)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -166,29 +231,49 @@ func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []paymen
 	}
 	account, apiKey := created.JSON201.Id, created.JSON201.ApiKey
 
-	var retries atomic.Int64
-	payer, err := newAPIClient(proxyURL, apiKey, newRetryingClient(&retries).StandardClient())
+	var retries, answered atomic.Int64
+	payer, err := newAPIClient(proxyURL, apiKey, newRetryingClient(&retries, h.wrap).StandardClient())
 	if err != nil {
 		return outcome{}, err
 	}
-	errs := payAll(ctx, payer, account, plan, workers)
-	if err := ctx.Err(); err != nil {
+	// Halfway, the service is killed and started again; the payments
+	// carry on, and their retries meet a service that is down, then
+	// fresh.
+	var killer sync.WaitGroup
+	var killErr error
+	killer.Go(func() {
+		for answered.Load() < int64(killAt*float64(len(h.plan))) && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		killErr = svc.kill(ctx)
+	})
+	results := payAll(ctx, payer, account, h.plan, workers, &answered)
+	lastAnswer := time.Now()
+	killer.Wait()
+	if err := errors.Join(ctx.Err(), killErr); err != nil {
 		return outcome{}, err
 	}
 
-	o := outcome{sent: len(plan), expected: openingBalance}
-	for i, err := range errs {
-		if err != nil {
-			o.failed = append(o.failed, err)
-		} else {
-			o.expected -= plan[i].amount
+	o := outcome{sent: len(h.plan), expected: openingBalance, kills: 1}
+	var ids []int64
+	for i, r := range results {
+		if r.err != nil {
+			o.failed = append(o.failed, r.err)
+			continue
 		}
+		o.expected -= h.plan[i].amount
+		ids = append(ids, r.payment.Id)
 	}
 	o.lost, o.retries, o.replays = proxy.lost.Load(), retries.Load(), proxy.replays.Load()
 
-	owner, err := newAPIClient(service, apiKey, direct)
+	owner, err := newAPIClient(svc.url, apiKey, directClient)
 	if err != nil {
 		return outcome{}, err
+	}
+	if async {
+		if o.settling, err = waitSettled(ctx, owner, ids, lastAnswer); err != nil {
+			return outcome{}, err
+		}
 	}
 	got, err := owner.GetAccountWithResponse(ctx, account)
 	if err != nil {
@@ -198,32 +283,80 @@ func play(ctx context.Context, pool *pgxpool.Pool, h http.Handler, plan []paymen
 		return outcome{}, fmt.Errorf("read the account: status %d", got.StatusCode())
 	}
 	o.actual = got.JSON200.Balance
-	err = pool.QueryRow(ctx, "select count(*) from payments where account_id = $1", account).Scan(&o.charges)
-	return o, err
+	stopped = true
+	if err := svc.stop(); err != nil {
+		return outcome{}, err
+	}
+	err = h.pool.QueryRow(ctx, `select count(*), count(processor_id) from payments where account_id = $1`, account).Scan(&o.charges, &o.settled)
+	if err != nil {
+		return outcome{}, err
+	}
+	for _, c := range fake.Charges() {
+		if c.AccountID == account {
+			o.processed++
+		}
+	}
+	return o, nil
+}
+
+// waitSettled asks GET /payments/{id} for every payment of ids until all
+// are settled, or until settleBound after lastAnswer, and returns how long
+// after lastAnswer they were (more than settleBound if they were not).
+func waitSettled(ctx context.Context, client *api.ClientWithResponses, ids []int64, lastAnswer time.Time) (time.Duration, error) {
+	pending := ids
+	for {
+		var still []int64
+		for _, id := range pending {
+			res, err := client.GetPaymentWithResponse(ctx, id)
+			if err != nil {
+				return 0, err
+			}
+			if res.JSON200 == nil || !res.JSON200.Settled {
+				still = append(still, id)
+			}
+		}
+		elapsed := time.Since(lastAnswer)
+		if len(still) == 0 || elapsed > settleBound {
+			return elapsed, nil
+		}
+		pending = still
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func report(out io.Writer, with, without outcome) {
-	row := func(name string, a, b any) { fmt.Fprintf(out, "  %-22s %16v %16v\n", name, a, b) }
+	row := func(name string, a, b any) { fmt.Fprintf(out, "  %-28s %16v %16v\n", name, a, b) }
 	row("", "with idem", "without idem")
 	row("payments sent", with.sent, without.sent)
 	row("answers lost", with.lost, without.lost)
 	row("retries", with.retries, without.retries)
 	row("replays served", with.replays, without.replays)
+	row("service killed (SIGKILL)", with.kills, without.kills)
 	row("charges committed", with.charges, without.charges)
 	row("duplicate charges", with.duplicates(), without.duplicates())
 	row("expected balance", usd(with.expected), usd(without.expected))
 	row("actual balance", usd(with.actual), usd(without.actual))
 	row("overcharged", usd(with.expected-with.actual), usd(without.expected-without.actual))
+	row("charges at the processor", with.processed, without.processed)
+	row("duplicates at the processor", with.processorDuplicates(), without.processorDuplicates())
+	row("payments settled", fmt.Sprintf("%d/%d", with.settled, with.charges), fmt.Sprintf("%d/%d", without.settled, without.charges))
+	row("settled after last answer", fmt.Sprintf("%.1f s", with.settling.Seconds()), "in the request")
 	fmt.Fprintln(out)
 
 	if with.exact() {
 		fmt.Fprintf(out, "With idem: every retry was answered from the stored result; each payment was\n"+
-			"charged exactly once, and the balance is exact.\n")
+			"charged exactly once, the balance is exact, and the processor charged each payment\n"+
+			"exactly once, through the kill, its failures and its lost answers.\n")
 	} else {
-		fmt.Fprintf(out, "With idem: THE BALANCE IS NOT EXACT (%d payments failed: %v).\n", len(with.failed), errors.Join(with.failed...))
+		fmt.Fprintf(out, "With idem: NOT EXACT (%d payments failed: %v).\n", len(with.failed), errors.Join(with.failed...))
 	}
-	fmt.Fprintf(out, "Without idem: %d retries became %d extra charges; %s was taken twice.\n",
-		without.retries, without.duplicates(), usd(without.expected-without.actual))
+	fmt.Fprintf(out, "Without idem: %d retries became %d extra charges; %s was taken twice, and\n"+
+		"the processor charged %d times for %d payments.\n",
+		without.retries, without.duplicates(), usd(without.expected-without.actual), without.processed, without.sent)
 }
 
 // usd formats cents as "1,234.56 USD".

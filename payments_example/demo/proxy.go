@@ -56,13 +56,15 @@ func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.Header = r.Header.Clone()
 	res, err := p.client.Do(out)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
+		// The service is down or died mid-request: the client sees what
+		// it would see without a proxy, a broken connection.
+		hangUp(w)
 		return
 	}
 	body, err := io.ReadAll(res.Body)
 	_ = res.Body.Close()
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
+		hangUp(w)
 		return
 	}
 	if res.Header.Get("Idempotent-Replayed") == "true" {
@@ -71,9 +73,7 @@ func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if p.loses(key, attempt) {
 		p.lost.Add(1)
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			_ = conn.Close()
-		}
+		hangUp(w)
 		return
 	}
 	for k, v := range res.Header {
@@ -81,6 +81,13 @@ func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(res.StatusCode)
 	_, _ = w.Write(body)
+}
+
+// hangUp closes the client's connection without an answer.
+func hangUp(w http.ResponseWriter) {
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		_ = conn.Close()
+	}
 }
 
 // loses decides whether the answer to a request is dropped. The decision

@@ -20,4 +20,10 @@
 // The charge itself is a single conditional UPDATE (sql/charge.sql), so no
 // amount of concurrency can take a balance below zero; a CHECK constraint
 // backs it up.
+//
+// A Settler, when the handler has one, settles each payment at the payment
+// processor from the payment's transaction: package settlement inserts a
+// River job there, which charges the processor once the payment has
+// committed. GET /payments/{id} tells whether a payment is settled, and by
+// which charge of the processor.
 package payments

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,12 +24,15 @@ import (
 //	POST /accounts       open (sign-up); 201 with the account's API key
 //	GET  /accounts/{id}  API key; 200 Account, 404 for another account's
 //	POST /payments       API key and Idempotency-Key; 201 Payment
+//	GET  /payments/{id}  API key; 200 PaymentStatus, 404 for another account's
 //
 // POST /payments runs behind idemhttp, configured on keys (an idem.Client
-// on pool), with the API key's account as the idempotency scope. log
-// receives the errors answered with 5xx; nil discards them.
-func NewHandler(pool *pgxpool.Pool, keys *idem.Client, log *slog.Logger) (http.Handler, error) {
-	s := newServer(pool, log)
+// on pool), with the API key's account as the idempotency scope; settler,
+// if not nil, settles each payment in its transaction (settlement.Queue
+// inserts a job there). log receives the errors answered with 5xx; nil
+// discards them.
+func NewHandler(pool *pgxpool.Pool, keys *idem.Client, settler Settler, log *slog.Logger) (http.Handler, error) {
+	s := newServer(pool, settler, log)
 	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{
 		Required:     true,
 		MaxBodyBytes: MaxBodyBytes,
@@ -46,17 +50,20 @@ func NewHandler(pool *pgxpool.Pool, keys *idem.Client, log *slog.Logger) (http.H
 // NewUnprotectedHandler returns the same API with the same business code
 // and the same authentication, each payment in a plain transaction of its
 // own and the Idempotency-Key ignored: a retried payment is charged again.
-// It exists to show what NewHandler prevents; never serve it.
-func NewUnprotectedHandler(pool *pgxpool.Pool, log *slog.Logger) http.Handler {
-	s := newServer(pool, log)
+// It exists to show what NewHandler prevents; never serve it. settler,
+// if not nil, settles each payment in its transaction (the demo gives it
+// settlement.Direct).
+func NewUnprotectedHandler(pool *pgxpool.Pool, settler Settler, log *slog.Logger) http.Handler {
+	s := newServer(pool, settler, log)
 	s.payWrite = s.inPlainTx
 	return s.routes(func(h http.Handler) http.Handler { return h })
 }
 
 // server implements api.ServerInterface; there is no package-level state.
 type server struct {
-	pool *pgxpool.Pool
-	log  *slog.Logger
+	pool    *pgxpool.Pool
+	settler Settler // nil: payments are not settled
+	log     *slog.Logger
 	// payWrite runs POST /payments's endpoint in a transaction and writes
 	// its answer once the transaction is settled.
 	payWrite func(w http.ResponseWriter, r *http.Request, e endpoint)
@@ -64,11 +71,11 @@ type server struct {
 
 var _ api.ServerInterface = (*server)(nil)
 
-func newServer(pool *pgxpool.Pool, log *slog.Logger) *server {
+func newServer(pool *pgxpool.Pool, settler Settler, log *slog.Logger) *server {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &server{pool: pool, log: log}
+	return &server{pool: pool, settler: settler, log: log}
 }
 
 // An endpoint does a request's work in tx and says what to answer. It does
@@ -99,6 +106,9 @@ func (s *server) badParameter(w http.ResponseWriter, r *http.Request, err error)
 		missing *api.RequiredHeaderError
 	)
 	switch {
+	case errors.As(err, &format) && format.ParamName == "id" && strings.HasPrefix(r.URL.Path, "/payments/"):
+		// Not a number is not a payment: the same 404 as any other.
+		fail(http.StatusNotFound, ProblemNoSuchPayment, "no such payment").write(w)
 	case errors.As(err, &format) && format.ParamName == "id":
 		// Not a number is not an account: the same 404 as any other.
 		fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account").write(w)

@@ -53,7 +53,7 @@ func protected(t testing.TB, pool *pgxpool.Pool) http.Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := payments.NewHandler(pool, keys, nil)
+	h, err := payments.NewHandler(pool, keys, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func protected(t testing.TB, pool *pgxpool.Pool) http.Handler {
 }
 
 func unprotected(_ testing.TB, pool *pgxpool.Pool) http.Handler {
-	return payments.NewUnprotectedHandler(pool, nil)
+	return payments.NewUnprotectedHandler(pool, nil, nil)
 }
 
 // request is one request of a test. An empty auth or key sends no

@@ -9,7 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/payments_example/api"
+	"github.com/idemhq/idem/payments_example/processor"
 )
 
 var (
@@ -19,7 +21,20 @@ var (
 	accountExistsSQL string
 	//go:embed sql/insert_payment.sql
 	insertPaymentSQL string
+	//go:embed sql/get_payment.sql
+	getPaymentSQL string
 )
+
+// A Settler settles committed payments with the payment processor.
+// Settle runs in the payment's transaction, right after the payment is
+// recorded, with the request's context: what it writes in tx commits with
+// the payment or not at all. An error fails the payment (503: the
+// transaction rolls back and the Idempotency-Key stays free).
+// settlement.Queue is the Settler of the service; settlement.Direct that
+// of the demo's unprotected service.
+type Settler interface {
+	Settle(ctx context.Context, tx pgx.Tx, c processor.Charge) error
+}
 
 // Currency is the only currency the example accepts.
 const Currency = string(api.USD)
@@ -94,5 +109,33 @@ func (s *server) pay(r *http.Request, tx pgx.Tx) reply {
 	case err != nil:
 		return s.internal(r, err)
 	}
+	if s.settler != nil {
+		c := processor.Charge{PaymentID: p.Id, AccountID: p.AccountId, Amount: p.Amount, Currency: string(req.Currency)}
+		if err := s.settler.Settle(r.Context(), tx, c); err != nil {
+			s.log.ErrorContext(r.Context(), "settlement failed", "payment_id", p.Id, "err", err)
+			return fail(http.StatusServiceUnavailable, idemhttp.ProblemUnavailable,
+				"the payment could not be settled; retry with the same Idempotency-Key")
+		}
+	}
 	return respond(http.StatusCreated, p)
+}
+
+// GetPayment serves GET /payments/{id} for the API key's own payments:
+// whether the processor has charged it, and its charge. Another account's
+// payment is answered 404, exactly as a missing one. It reads through the
+// pool.
+func (s *server) GetPayment(w http.ResponseWriter, r *http.Request, id int64) {
+	own, _ := accountFrom(r.Context())
+	var p api.PaymentStatus
+	err := s.pool.QueryRow(r.Context(), getPaymentSQL, id, own).Scan(&p.Id, &p.AccountId, &p.Amount, &p.ProcessorId)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		fail(http.StatusNotFound, ProblemNoSuchPayment, "no such payment").write(w)
+		return
+	case err != nil:
+		s.internal(r, fmt.Errorf("payments: read payment: %w", err)).write(w)
+		return
+	}
+	p.Settled = p.ProcessorId != nil
+	respond(http.StatusOK, p).write(w)
 }

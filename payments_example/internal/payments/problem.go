@@ -22,6 +22,9 @@ const (
 	// ProblemNoSuchAccount: the account does not exist, or is not the API
 	// key's. 404.
 	ProblemNoSuchAccount = "/problems/payments/no-such-account"
+	// ProblemNoSuchPayment: the payment does not exist, or is not the API
+	// key's account's. 404.
+	ProblemNoSuchPayment = "/problems/payments/no-such-payment"
 	// ProblemInsufficientFunds: the balance does not cover the amount;
 	// nothing was charged. 402.
 	ProblemInsufficientFunds = "/problems/payments/insufficient-funds"
@@ -30,6 +33,7 @@ const (
 var problemTitles = map[string]string{
 	ProblemInvalidRequest:        "Invalid request",
 	ProblemNoSuchAccount:         "No such account",
+	ProblemNoSuchPayment:         "No such payment",
 	ProblemInsufficientFunds:     "Insufficient funds",
 	idemhttp.ProblemBodyTooLarge: "Request body too large",
 	idemhttp.ProblemUnavailable:  "Service unavailable",

@@ -31,3 +31,11 @@ CREATE TABLE IF NOT EXISTS payments (
 );
 
 CREATE INDEX IF NOT EXISTS payments_account_id_idx ON payments (account_id);
+
+-- Settlement at the payment processor (package settlement): the processor's
+-- charge, once it has charged the payment, and when that was recorded. A
+-- charge settles one payment only.
+ALTER TABLE payments ADD COLUMN IF NOT EXISTS processor_id text
+    CHECK (octet_length(processor_id) BETWEEN 1 AND 255);
+ALTER TABLE payments ADD COLUMN IF NOT EXISTS settled_at timestamptz;
+CREATE UNIQUE INDEX IF NOT EXISTS payments_processor_id_idx ON payments (processor_id);
