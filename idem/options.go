@@ -74,6 +74,10 @@ type settings struct {
 	logger    *slog.Logger
 	maxResult int
 	batch     int
+	// idle is the idle_in_transaction_session_timeout a call sets for its
+	// own transaction: a string of milliseconds, boxed once here so that
+	// calls do not allocate it; nil sends nothing (Config.IdleTimeout).
+	idle any
 
 	wait     time.Duration
 	txOpts   pgx.TxOptions

@@ -61,6 +61,11 @@ func statementsFor(table string) (*statements, error) {
 	return actual.(*statements), nil
 }
 
+// setIdleTimeoutSQL sets Config.IdleTimeout ($1, in milliseconds) for the
+// rest of the current transaction only (is_local), like SET LOCAL but with a
+// parameter, so that one statement serves every value.
+const setIdleTimeoutSQL = "select set_config('idle_in_transaction_session_timeout', $1, true)"
+
 // preparedKey names the entry of a connection's CustomData that records the
 // statement sets already prepared by name on that connection.
 const preparedKey = "idem.prepared"
@@ -80,7 +85,7 @@ func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error 
 		return nil
 	}
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
-		for _, sql := range [...]string{s.claim, s.assertClaimed, "begin", "savepoint idem_work"} {
+		for _, sql := range [...]string{s.claim, s.assertClaimed, "begin", setIdleTimeoutSQL, "savepoint idem_work"} {
 			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
 				return err
 			}
