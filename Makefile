@@ -9,7 +9,7 @@ FUZZTIME  ?= 10s
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench loadtest crashtest failover-test test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,6 +30,12 @@ bench: postgres ## Benchmark idem.Do against the bare transaction, replays and t
 
 loadtest: postgres ## Several processes, 100k+ operations, reconciled from the database.
 	$(GO) run ./cmd/idem-load
+
+crashtest: ## Kill the application and crash PostgreSQL under retrying clients (own cluster on :54329; root).
+	./scripts/crashtest.sh $(CRASHTEST_ARGS)
+
+failover-test: ## Promote an asynchronous standby under load (own clusters on :54330/:54331; root).
+	./scripts/failover-test.sh $(FAILOVER_ARGS)
 
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh
