@@ -61,8 +61,8 @@ func (f fault) String() string {
 
 // defaultFaults: one application killed, the database crashed, every
 // application killed at once, the database and the applications crashed
-// together, and the database again.
-const defaultFaults = "app0@15,db@30,apps@45,all@60,db@80"
+// together, the other application killed, and the database again.
+const defaultFaults = "app0@10,db@25,apps@40,all@55,app1@70,db@85"
 
 // parseFaults reads "app0@15,db@30,...": kind@percent of the operations.
 func parseFaults(s string, apps int) ([]fault, error) {

@@ -96,7 +96,7 @@ func TestParseFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []fault{{"app", 0, 15}, {"db", 0, 30}, {"apps", 0, 45}, {"all", 0, 60}, {"db", 0, 80}}
+	want := []fault{{"app", 0, 10}, {"db", 0, 25}, {"apps", 0, 40}, {"all", 0, 55}, {"app", 1, 70}, {"db", 0, 85}}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}

@@ -93,10 +93,10 @@ func main() {
 		return
 	}
 	if *crashMode || *failoverMode {
-		// One process of clients, no cross-process races; a smaller default.
+		// One process of clients, no cross-process races; fewer calls.
 		p.workers, p.raceFrac = 1, 0
 		if !set["ops"] {
-			p.ops = 20_000
+			p.ops = 50_000
 		}
 		if !set["clients"] {
 			p.clients = 16
