@@ -9,7 +9,7 @@ FUZZTIME  ?= 10s
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest crashtest failover-test test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,6 +36,9 @@ crashtest: ## Kill the application and crash PostgreSQL under retrying clients (
 
 failover-test: ## Promote an asynchronous standby under load (own clusters on :54330/:54331; root).
 	./scripts/failover-test.sh $(FAILOVER_ARGS)
+
+partition-experiment: ## How long PostgreSQL keeps a silent client's transaction under each setting (own cluster and netns; root).
+	./scripts/partition-experiment.sh
 
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh
