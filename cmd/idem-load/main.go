@@ -97,6 +97,9 @@ func main() {
 		p.workers, p.raceFrac = 1, 0
 		if !set["ops"] {
 			p.ops = 50_000
+			if *failoverMode {
+				p.ops = 20_000
+			}
 		}
 		if !set["clients"] {
 			p.clients = 16
