@@ -50,6 +50,7 @@ for cut in stream pause; do
   IDEM_TEST_DATABASE_URL=$(cluster_url "$pport") "$work/idem-load" -failover -cut "$cut" \
     -standby-url "$(cluster_url "$sport")" \
     -primary-stop "pg_ctlcluster --skip-systemctl-redirect $ver idemprimary stop -m immediate" \
+    -waldump "/usr/lib/postgresql/$ver/bin/pg_waldump" -standby-wal "$data/pg_wal" \
     "$@"
   cleanup
 done

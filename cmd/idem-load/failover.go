@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -35,6 +38,9 @@ type failoverPlan struct {
 	standbyURL  string // the standby's server URL
 	primaryStop string // shell command that crashes the primary
 	cut         string // "stream" or "pause"
+	// waldump and standbyWAL (pg_waldump and the standby's pg_wal), when
+	// set, count the transactions the standby's WAL holds only part of.
+	waldump, standbyWAL string
 }
 
 // foResult is one operation of the failover run.
@@ -87,6 +93,8 @@ type foChecked struct {
 	cutLSN, receivedLSN     string
 	replayedLSN, primaryLSN string
 	tailBytes               int64 // WAL the primary wrote after the standby's last received byte
+	startLSN                string
+	walCommitted, walCut    int // transactions whose commit record the standby received; those it has records of but no end
 }
 
 // runFailover is the parent of a failover run. It returns the exit status.
@@ -124,6 +132,10 @@ func runFailover(p plan, fp failoverPlan, keep bool) int {
 		return fail(fmt.Errorf("the standby never showed the database: %w", err))
 	}
 	defer standby.Close(ctx)
+	var startLSN string
+	if err := standby.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&startLSN); err != nil {
+		return fail(err)
+	}
 	pool, err := pgxpool.New(ctx, primaryURL)
 	if err != nil {
 		return fail(err)
@@ -146,7 +158,7 @@ func runFailover(p plan, fp failoverPlan, keep bool) int {
 	clientCtx, stopClients := context.WithCancel(ctx)
 	defer stopClients()
 	chaosWG.Go(func() {
-		chk, chaosErr = failOver(ctx, fp, t, standby, standbyURL, primaryURL, &answered, p.ops, results, clientsDone)
+		chk, chaosErr = failOver(ctx, fp, t, standby, standbyURL, primaryURL, startLSN, &answered, p.ops, results, clientsDone)
 		if chaosErr != nil {
 			stopClients() // they may be waiting at a gate that will not open
 		}
@@ -176,7 +188,7 @@ func runFailover(p plan, fp failoverPlan, keep bool) int {
 
 // failOver makes the standby fall behind, crashes the primary, promotes the
 // standby and checks it, at their points of progress.
-func failOver(ctx context.Context, fp failoverPlan, t *foTarget, standby *pgx.Conn, standbyURL, primaryURL string,
+func failOver(ctx context.Context, fp failoverPlan, t *foTarget, standby *pgx.Conn, standbyURL, primaryURL, startLSN string,
 	answered *atomic.Int64, total int, results [][]foResult, clientsDone <-chan struct{},
 ) (*foChecked, error) {
 	wait := func(pct int) bool {
@@ -189,7 +201,7 @@ func failOver(ctx context.Context, fp failoverPlan, t *foTarget, standby *pgx.Co
 		}
 		return true
 	}
-	chk := &foChecked{}
+	chk := &foChecked{startLSN: startLSN}
 	if !wait(30) {
 		return nil, errors.New("the clients finished before the standby was cut")
 	}
@@ -220,6 +232,12 @@ func failOver(ctx context.Context, fp failoverPlan, t *foTarget, standby *pgx.Co
 		"SELECT coalesce(pg_last_wal_receive_lsn()::text, ''), coalesce(pg_last_wal_replay_lsn()::text, '')").
 		Scan(&chk.receivedLSN, &chk.replayedLSN); err != nil {
 		return nil, err
+	}
+	if fp.waldump != "" {
+		var err error
+		if chk.walCommitted, chk.walCut, err = cutTransactions(ctx, fp, startLSN, chk.receivedLSN); err != nil {
+			return nil, err
+		}
 	}
 	if err := promote(ctx, standby); err != nil {
 		return nil, err
@@ -267,6 +285,53 @@ func acknowledged(t *foTarget, results [][]foResult) map[string]entry {
 		}
 	}
 	return acked
+}
+
+// walRecord matches a record of pg_waldump's output: its resource manager,
+// transaction id and description; subxacts, the subtransactions a commit
+// or abort record ends with its transaction (fn's writes are in the
+// savepoint's).
+var (
+	walRecord = regexp.MustCompile(`^rmgr: (\S+)\s.*\btx:\s+(\d+),.*\bdesc: (\S+)`)
+	subxacts  = regexp.MustCompile(`subxacts: ([\d ]+)`)
+)
+
+// cutTransactions reads the WAL the standby received during the run (from
+// start to end) with pg_waldump, and counts the transactions whose commit
+// record is in it, and those of which it holds records but neither a commit
+// nor an abort: transactions the cut went through the middle of, which the
+// promoted node must show none of.
+func cutTransactions(ctx context.Context, fp failoverPlan, start, end string) (committed, cut int, err error) {
+	cmd := exec.CommandContext(ctx, fp.waldump, "-p", fp.standbyWAL, "-t", "1", "-s", start, "-e", end)
+	out, runErr := cmd.Output()
+	seen, ended := map[string]bool{}, map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		m := walRecord.FindStringSubmatch(line)
+		if m == nil || m[2] == "0" {
+			continue
+		}
+		seen[m[2]] = true
+		if m[1] == "Transaction" && (strings.HasPrefix(m[3], "COMMIT") || strings.HasPrefix(m[3], "ABORT")) {
+			ended[m[2]] = true
+			if sub := subxacts.FindStringSubmatch(line); sub != nil {
+				for _, x := range strings.Fields(sub[1]) {
+					ended[x] = true
+				}
+			}
+			if strings.HasPrefix(m[3], "COMMIT") {
+				committed++
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return 0, 0, fmt.Errorf("pg_waldump found no transactions between %s and %s: %v", start, end, runErr)
+	}
+	for xid := range seen {
+		if !ended[xid] {
+			cut++
+		}
+	}
+	return committed, cut, nil
 }
 
 // promote promotes the standby and waits until it accepts writes. It does
@@ -581,6 +646,11 @@ func (f *foFigures) print(w io.Writer) {
 	// may write a little more before it dies: a standby that received to
 	// the end shows a negative difference, which means nothing was missed.
 	row("  WAL the standby never received (bytes, at least)", max(c.tailBytes, 0))
+	if c.walCommitted+c.walCut > 0 {
+		row("the standby's WAL from the run's start ("+c.startLSN+"), by pg_waldump:", "")
+		row("  transactions committed", c.walCommitted)
+		row("  transaction ids with records but no commit (a call has two: its own, its savepoint's)", c.walCut)
+	}
 	row("keys acknowledged by the old primary", c.acknowledged)
 	row("promoted node, before any new write:", "")
 	row("  key rows / ledger rows", fmt.Sprintf("%d / %d", c.keyRows, c.ledgerRows))

@@ -75,6 +75,8 @@ func main() {
 	flag.DurationVar(&cp.opTimeout, "op-timeout", 3*time.Minute, "crash test: a client gives up on an operation after this")
 	flag.StringVar(&fp.standbyURL, "standby-url", "", "failover test: the standby's server URL")
 	flag.StringVar(&fp.primaryStop, "primary-stop", "", "failover test: shell command that crashes the primary")
+	flag.StringVar(&fp.waldump, "waldump", "", "failover test: pg_waldump, to count the transactions the standby's WAL holds only part of")
+	flag.StringVar(&fp.standbyWAL, "standby-wal", "", "failover test: the standby's pg_wal directory, for -waldump")
 	flag.StringVar(&fp.cut, "cut", "stream", "failover test: how the standby falls behind: stream (it stops receiving WAL) or pause (pg_wal_replay_pause)")
 	flag.IntVar(&p.ops, "ops", 100_000, "scheduled calls in total, across all processes")
 	flag.IntVar(&p.workers, "workers", 4, "worker processes")
