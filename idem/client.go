@@ -185,13 +185,14 @@ func defaultSettings() settings {
 // PostgreSQL accepts: INT_MAX milliseconds.
 const maxIdleTimeout = (1<<31 - 1) * time.Millisecond
 
-var defaultIdle any = idleSetting(DefaultIdleTimeout)
+var defaultIdle = idleSetting(DefaultIdleTimeout)
 
-// idleSetting is the value of idle_in_transaction_session_timeout for d, in
-// milliseconds (the setting's unit), rounded up so that a small positive d
-// never turns into 0, which would disable the timeout.
-func idleSetting(d time.Duration) string {
-	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)
+// idleSetting is the argument of setIdleTimeoutSQL for d: the value of
+// idle_in_transaction_session_timeout in milliseconds (the setting's unit),
+// rounded up so that a small positive d never turns into 0, which would
+// disable the timeout.
+func idleSetting(d time.Duration) []any {
+	return []any{strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)}
 }
 
 // Begin begins a plain transaction on the Client's database, without any

@@ -44,7 +44,7 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	// transaction is the caller's: a local setting made in its savepoint
 	// would outlive the savepoint and govern the rest of it.
 	if c.s.idle != nil && !n.outer() {
-		b.Queue(setIdleTimeoutSQL, c.s.idle)
+		b.Queue(setIdleTimeoutSQL, c.s.idle...)
 	}
 	b.Queue("savepoint idem_work")
 	br := n.txn.SendBatch(ctx, b)

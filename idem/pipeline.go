@@ -62,7 +62,7 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	// own, and never runs for a replay (assert_claimed fails before it).
 	// The server arms the timer with it at this pipeline's ReadyForQuery.
 	if c.s.idle != nil {
-		b.Queue(setIdleTimeoutSQL, c.s.idle)
+		b.Queue(setIdleTimeoutSQL, c.s.idle...)
 	}
 	b.Queue("savepoint idem_work")
 
