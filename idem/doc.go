@@ -59,8 +59,8 @@
 // # Configuration
 //
 // What a deployment shares (the table, the TTL, a Sealer, an Observer, a
-// logger, limits, the idle timeout) goes in a Config, which NewClient checks once; the Client
-// is then passed wherever a database is expected. What varies per call
+// logger, limits, the idle timeout) goes in a Config, which NewClient checks
+// once; the Client is then passed wherever a database is expected. What varies per call
 // (WithWait, WithTxOptions, WithObserver) is an Option. The scope, which
 // varies per request, travels in the context (ContextWithScope). A plain
 // pool works too, with the defaults.

@@ -58,9 +58,10 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		b.Queue(c.stmts.claim, c.claimArgs()...)
 	}
 	// Config.IdleTimeout: a local setting after BEGIN, so that it lives
-	// exactly as long as the call's transaction, costs no round trip of its
-	// own, and never runs for a replay (assert_claimed fails before it).
-	// The server arms the timer with it at this pipeline's ReadyForQuery.
+	// exactly as long as the call's transaction and costs no round trip of
+	// its own. A replay never keeps it: assert_claimed fails before it, or,
+	// with BEGIN first, the replay's ROLLBACK undoes it. The server arms the
+	// timer with it at this pipeline's ReadyForQuery.
 	if c.s.idle != nil {
 		b.Queue(setIdleTimeoutSQL, c.s.idle...)
 	}
