@@ -16,7 +16,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test settle-test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test settle-test demo bench loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -70,6 +70,15 @@ bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops 
 
 loadtest: postgres ## Several processes, 100k+ operations, reconciled from the database.
 	$(GO) run ./cmd/idem-load
+
+crashtest: ## Kill the application and crash PostgreSQL under retrying clients (own cluster on :54329; root).
+	./scripts/crashtest.sh $(CRASHTEST_ARGS)
+
+failover-test: ## Promote an asynchronous standby under load (own clusters on :54330/:54331; root).
+	./scripts/failover-test.sh $(FAILOVER_ARGS)
+
+partition-experiment: ## How long PostgreSQL keeps a silent client's transaction under each setting (own cluster and netns; root).
+	./scripts/partition-experiment.sh
 
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,6 +25,15 @@ const DefaultMaxResultBytes = 4 << 20
 // DefaultSweepBatchSize is how many expired keys one sweep statement deletes
 // when Config.SweepBatchSize is not set.
 const DefaultSweepBatchSize = 1000
+
+// DefaultIdleTimeout is Config.IdleTimeout when it is not set: 60 seconds.
+// It is above the timeouts services usually give a call to an external
+// processor made inside fn (a pause between two statements), and it bounds
+// how long a frozen or partitioned process keeps its keys in progress: with
+// PostgreSQL's own defaults (no idle_in_transaction_session_timeout, TCP
+// keepalives after two hours) every retry of such a key would get
+// ErrInProgress for hours.
+const DefaultIdleTimeout = 60 * time.Second
 
 // Config is a deployment's idem settings: what every call shares. The zero
 // value means the defaults, which each field states. NewClient checks it
@@ -66,6 +76,32 @@ type Config struct {
 	// deletes. Defaults to DefaultSweepBatchSize (1000); must not be
 	// negative.
 	SweepBatchSize int
+
+	// IdleTimeout bounds how long a call's transaction stays open while its
+	// client sends nothing. Every call sets PostgreSQL's
+	// idle_in_transaction_session_timeout for its own transaction (a local
+	// setting, sent in the round trip that carries BEGIN, so it costs no
+	// round trip and ends with the transaction): if the process freezes, or
+	// its network to PostgreSQL goes silent, while it holds a key, the
+	// server ends the session once it has waited this long for the next
+	// statement, rolls the call back and frees the key. Until then other
+	// calls with the key get ErrInProgress; afterwards a retry runs fn.
+	//
+	// Idle time counts only between statements, so set it above the longest
+	// pause fn makes: the timeout of any call to another service made inside
+	// fn. A call whose fn pauses longer fails with a retryable error
+	// (SQLSTATE 25P03) and nothing committed. Defaults to
+	// DefaultIdleTimeout (60s); rounded up to whole milliseconds. A negative
+	// value sends nothing and leaves the server's setting in force.
+	//
+	// It does not apply to a call on an outer pgx.Tx (Client.On(tx)): that
+	// transaction is the caller's, and a local setting made inside it would
+	// outlive the call's savepoint and govern the rest of the caller's
+	// transaction. Set it there yourself (SET LOCAL at the start of the outer
+	// transaction, or ALTER ROLE ... SET). docs/RELIABILITY.md covers what
+	// else bounds a silent client: TCP keepalives, tcp_user_timeout and
+	// client_connection_check_interval.
+	IdleTimeout time.Duration
 }
 
 // A Client is a database and the Config of a deployment, checked once. It
@@ -103,6 +139,8 @@ func NewClient(db Beginner, cfg *Config) (*Client, error) {
 		return nil, inputError(ErrInvalidOption, "Config.MaxResultBytes %d: must not be negative", cfg.MaxResultBytes)
 	case cfg.SweepBatchSize < 0:
 		return nil, inputError(ErrInvalidOption, "Config.SweepBatchSize %d: must not be negative", cfg.SweepBatchSize)
+	case cfg.IdleTimeout > maxIdleTimeout:
+		return nil, inputError(ErrInvalidOption, "Config.IdleTimeout %v: more than PostgreSQL accepts (%v)", cfg.IdleTimeout, maxIdleTimeout)
 	}
 	if cfg.Table != "" {
 		s.table = cfg.Table
@@ -121,6 +159,12 @@ func NewClient(db Beginner, cfg *Config) (*Client, error) {
 	if cfg.SweepBatchSize > 0 {
 		s.batch = cfg.SweepBatchSize
 	}
+	switch {
+	case cfg.IdleTimeout < 0:
+		s.idle = nil
+	case cfg.IdleTimeout > 0:
+		s.idle = idleSetting(cfg.IdleTimeout)
+	}
 	s.sealer, s.observer, s.logger = cfg.Sealer, cfg.Observer, cfg.Logger
 	return &Client{db: db, base: s}, nil
 }
@@ -133,7 +177,22 @@ func defaultSettings() settings {
 		ttl:       DefaultTTL,
 		maxResult: DefaultMaxResultBytes,
 		batch:     DefaultSweepBatchSize,
+		idle:      defaultIdle,
 	}
+}
+
+// maxIdleTimeout is the largest idle_in_transaction_session_timeout
+// PostgreSQL accepts: INT_MAX milliseconds.
+const maxIdleTimeout = (1<<31 - 1) * time.Millisecond
+
+var defaultIdle = idleSetting(DefaultIdleTimeout)
+
+// idleSetting is the argument of setIdleTimeoutSQL for d: the value of
+// idle_in_transaction_session_timeout in milliseconds (the setting's unit),
+// rounded up so that a small positive d never turns into 0, which would
+// disable the timeout.
+func idleSetting(d time.Duration) []any {
+	return []any{strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)}
 }
 
 // Begin begins a plain transaction on the Client's database, without any

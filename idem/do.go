@@ -45,7 +45,10 @@ type Beginner interface {
 //   - The connection fails while COMMIT is under way: the error wraps
 //     ErrOutcomeUnknown. Retry with the same key to learn the outcome.
 //   - Another transaction holds the key: ErrInProgress at once, without
-//     waiting for it (unless WithWait).
+//     waiting for it (unless WithWait). A holder whose process froze or
+//     whose network went silent keeps the key at most Config.IdleTimeout
+//     (60s by default) after its last statement: the server then ends its
+//     session and rolls it back, and the next call runs fn.
 //   - Invalid key, scope, hash or option: an error wrapping ErrInvalidKey,
 //     ErrInvalidScope, ErrInvalidRequestHash, ErrInvalidTable or
 //     ErrInvalidOption, before any database work.

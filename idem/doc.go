@@ -24,7 +24,10 @@
 //   - a technical failure (an error, a panic, a lost connection, a failed
 //     COMMIT): nothing is stored and the key stays free, so the retry runs;
 //   - the same key with a different request: ErrMismatch;
-//   - the same key while the first request still runs: ErrInProgress at once.
+//   - the same key while the first request still runs: ErrInProgress at once;
+//     a first request that went silent (a frozen process, a network
+//     partition) holds its key at most Config.IdleTimeout, 60 seconds by
+//     default, before the server rolls it back.
 //
 // A key is replayed for a TTL after it completed (24 hours by default) and
 // deleted by Sweep afterwards. At scale the table can be partitioned by claim
@@ -58,8 +61,8 @@
 // # Configuration
 //
 // What a deployment shares (the table, the TTL, a Sealer, an Observer, a
-// logger, limits) goes in a Config, which NewClient checks once; the Client
-// is then passed wherever a database is expected. What varies per call
+// logger, limits, the idle timeout) goes in a Config, which NewClient checks
+// once; the Client is then passed wherever a database is expected. What varies per call
 // (WithWait, WithTxOptions, WithObserver) is an Option. The scope, which
 // varies per request, travels in the context (ContextWithScope). A plain
 // pool works too, with the defaults.

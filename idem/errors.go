@@ -87,9 +87,28 @@ var (
 // Retryable reports whether err is worth retrying with the same key: the
 // operation did not complete (or its outcome is unknown) for a reason that
 // may pass. It is true for ErrInProgress, ErrOutcomeUnknown, serialization
-// failures and deadlocks (SQLSTATE 40001, 40P01), lock timeouts (55P03), and
-// connection failures. It is false for nil, ErrMismatch, invalid input, a
-// *Refusal, and any other error from fn.
+// failures and deadlocks (SQLSTATE 40001, 40P01), lock timeouts (55P03), a
+// session the server ended for idling (25P03, 57P05), and connection
+// failures. It is false for nil, ErrMismatch, invalid input, a *Refusal, a
+// cancelled statement (57014), context.Canceled, and any other error from
+// fn.
+//
+// The timeouts, decided one by one:
+//   - 55P03 lock_not_available (lock_timeout, NOWAIT): another transaction
+//     holds what fn needs; it will end, and the retry can get it.
+//   - 25P03 idle_in_transaction_session_timeout (Config.IdleTimeout): the
+//     server ended the session because the client sent nothing for too
+//     long: a frozen or partitioned process, or fn pausing longer than the
+//     timeout. The transaction rolled back whole and the key is free; the
+//     retry takes a fresh connection. 57P05 idle_session_timeout ends an idle
+//     pooled connection the same way.
+//   - 57014 query_canceled is statement_timeout, but also pg_cancel_backend
+//     and a client's cancel request (pgx sends one when ctx ends, if it is
+//     configured to cancel that way), and the code does not say which. Two
+//     of the three are a decision to stop, as context.Canceled is; and a
+//     statement that ran past the deployment's budget usually does so again,
+//     adding load where there is already too much. A caller that knows its
+//     statement timeouts come from passing load may retry anyway.
 //
 // Retrying with the same key is always safe with idem: at most one attempt
 // commits, and every later one replays it. Retryable only says whether a
@@ -111,7 +130,8 @@ func Retryable(err error) bool {
 		case pgerrcode.SerializationFailure, pgerrcode.DeadlockDetected,
 			pgerrcode.LockNotAvailable, pgerrcode.AdminShutdown,
 			pgerrcode.CrashShutdown, pgerrcode.CannotConnectNow,
-			pgerrcode.TooManyConnections:
+			pgerrcode.TooManyConnections,
+			pgerrcode.IdleInTransactionSessionTimeout, pgerrcode.IdleSessionTimeout:
 			return true
 		}
 		return pgerrcode.IsConnectionException(pgErr.Code)

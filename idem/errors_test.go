@@ -24,7 +24,17 @@ func TestRetryable(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", idem.ErrOutcomeUnknown), true},
 		{&pgconn.PgError{Code: "40001"}, true},
 		{&pgconn.PgError{Code: "40P01"}, true},
-		{&pgconn.PgError{Code: "55P03"}, true},
+		{&pgconn.PgError{Code: "55P03"}, true}, // lock_timeout: the holder will end
+		// The server ended an idle session: the transaction rolled back
+		// whole and the key is free (Config.IdleTimeout; idle_session_timeout).
+		{&pgconn.PgError{Severity: "FATAL", Code: "25P03"}, true},
+		{fmt.Errorf("charge: %w", &pgconn.PgError{Severity: "FATAL", Code: "25P03"}), true},
+		{&pgconn.PgError{Severity: "FATAL", Code: "57P05"}, true},
+		// statement_timeout, pg_cancel_backend or a client's cancel request:
+		// one SQLSTATE, and two of the three are a decision to stop.
+		{&pgconn.PgError{Code: "57014"}, false},
+		{fmt.Errorf("idem: commit: %w", &pgconn.PgError{Code: "57014"}), false},
+		{fmt.Errorf("%w: %w", idem.ErrOutcomeUnknown, &pgconn.PgError{Code: "57014"}), true},
 		{&pgconn.PgError{Code: "08006"}, true},
 		{&pgconn.PgError{Code: "23505"}, false},
 		{idem.ErrMismatch, false},
@@ -33,6 +43,7 @@ func TestRetryable(t *testing.T) {
 		{errors.New("fn's own error"), false},
 		{io.ErrUnexpectedEOF, true}, // a connection closed mid-exchange
 		{context.Canceled, false},
+		{fmt.Errorf("%w: %w", idem.ErrOutcomeUnknown, context.Canceled), true},
 	}
 	for _, c := range cases {
 		if got := idem.Retryable(c.err); got != c.want {

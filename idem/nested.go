@@ -57,6 +57,12 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	if stmts.isPartitioned {
 		b.Queue(stmts.assertClaimed, c.scope, c.key)
 	}
+	// Config.IdleTimeout, for a transaction this call began. An outer
+	// transaction is the caller's: a local setting made in its savepoint
+	// would outlive the savepoint and govern the rest of it.
+	if c.s.idle != nil && !n.outer() {
+		b.Queue(setIdleTimeoutSQL, c.s.idle...)
+	}
 	b.Queue("savepoint idem_work")
 	br := n.txn.SendBatch(ctx, b)
 	cl, claimErr := c.scanClaim(br.QueryRow())

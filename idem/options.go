@@ -74,6 +74,11 @@ type settings struct {
 	logger    *slog.Logger
 	maxResult int
 	batch     int
+	// idle is the argument list of setIdleTimeoutSQL: the
+	// idle_in_transaction_session_timeout a call sets for its own
+	// transaction, in milliseconds, built once so that calls do not
+	// allocate it; nil sends nothing (Config.IdleTimeout).
+	idle []any
 
 	wait     time.Duration
 	txOpts   pgx.TxOptions

@@ -11,7 +11,7 @@ import (
 // pipeline runs the protocol on a connection outside a transaction, in as
 // few round trips as the bare transaction:
 //
-//	round trip 1: claim; assert_claimed; BEGIN; SAVEPOINT idem_work
+//	round trip 1: claim; assert_claimed; BEGIN; set idle timeout; SAVEPOINT idem_work
 //	fn's own round trips
 //	last round trip: [ROLLBACK TO SAVEPOINT idem_work;] complete; COMMIT
 //
@@ -29,7 +29,7 @@ type pipeline struct {
 	conn   *pgx.Conn
 	owned  *connTx
 	first  pgx.Batch
-	firstQ [4]*pgx.QueuedQuery
+	firstQ [5]*pgx.QueuedQuery
 	last   pgx.Batch
 	lastQ  [3]*pgx.QueuedQuery
 }
@@ -72,6 +72,14 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		if stmts.isPartitioned {
 			b.Queue(stmts.assertClaimed, c.scopeArg, c.keyArg)
 		}
+	}
+	// Config.IdleTimeout: a local setting after BEGIN, so that it lives
+	// exactly as long as the call's transaction and costs no round trip of
+	// its own. A replay never keeps it: assert_claimed fails before it, or,
+	// with BEGIN first, the replay's ROLLBACK undoes it. The server arms the
+	// timer with it at this pipeline's ReadyForQuery.
+	if c.s.idle != nil {
+		b.Queue(setIdleTimeoutSQL, c.s.idle...)
 	}
 	b.Queue("savepoint idem_work")
 

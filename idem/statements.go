@@ -197,6 +197,11 @@ func connOf(q any) *pgx.Conn {
 	return nil
 }
 
+// setIdleTimeoutSQL sets Config.IdleTimeout ($1, in milliseconds) for the
+// rest of the current transaction only (is_local), like SET LOCAL but with a
+// parameter, so that one statement serves every value.
+const setIdleTimeoutSQL = "select set_config('idle_in_transaction_session_timeout', $1, true)"
+
 // prepareFirstTrip prepares, once per connection, the statements of the
 // first round trip under their own names. pgx forgets every cached statement
 // of a batch that fails, and a replay's batch fails on purpose
@@ -211,7 +216,7 @@ func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error 
 		return nil
 	}
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
-		for _, sql := range [...]string{s.claim, s.assertClaimed, "begin", "savepoint idem_work"} {
+		for _, sql := range [...]string{s.claim, s.assertClaimed, "begin", setIdleTimeoutSQL, "savepoint idem_work"} {
 			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
 				return err
 			}

@@ -382,7 +382,7 @@ func TestErrorsThatHelp(t *testing.T) {
 		if _, _, err := idem.Run(ctx, s.pool, "k", "h", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, idem.WithReplayed(new(bool))); !errors.Is(err, idem.ErrInvalidOption) {
 			t.Fatalf("Run(WithReplayed): %v", err)
 		}
-		for _, cfg := range []idem.Config{{TTL: -1}, {MaxResultBytes: -1}, {SweepBatchSize: -1}, {Table: "Bad"}} {
+		for _, cfg := range []idem.Config{{TTL: -1}, {MaxResultBytes: -1}, {SweepBatchSize: -1}, {Table: "Bad"}, {IdleTimeout: 1 << 31 * time.Millisecond}} {
 			if _, err := idem.NewClient(s.pool, &cfg); err == nil {
 				t.Fatalf("NewClient(%+v) accepted it", cfg)
 			}

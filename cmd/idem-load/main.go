@@ -19,6 +19,16 @@
 // so every worker knows the race keys without talking to the others.
 //
 //	go run ./cmd/idem-load -ops 100000 -workers 4 -clients 8
+//
+// With -crash it is the crash test instead (crash.go): -apps application
+// processes serve the operations over HTTP through idemhttp, the clients run
+// in the parent and retry every failure with the same key, and the run kills
+// the applications with SIGKILL and crashes PostgreSQL with the -db-stop and
+// -db-start commands at the points -faults names; scripts/crashtest.sh runs
+// it on a PostgreSQL cluster of its own.
+//
+// With -failover it is the replica promotion test (failover.go), which
+// scripts/failover-test.sh runs against a primary and a streaming standby.
 package main
 
 import (
@@ -48,7 +58,26 @@ func main() {
 		dbURL  = flag.String("worker-url", "", "internal: the database a worker uses")
 		out    = flag.String("worker-out", "", "internal: the file a worker writes its answers to")
 		keep   = flag.Bool("keep", false, "keep the database afterwards, for inspection")
+
+		crashMode = flag.Bool("crash", false, "run the crash test: application processes killed and PostgreSQL crashed under retrying clients")
+		app       = flag.Bool("app", false, "internal: run as a crash test application process")
+		listen    = flag.String("listen", "127.0.0.1:0", "internal: the address an application process listens on")
+		cp        crashPlan
+		faults    = flag.String("faults", defaultFaults, "crash test: faults as kind@percent of the operations answered; kinds app<n>, apps, db, all")
+
+		failoverMode = flag.Bool("failover", false, "run the replica promotion test (see scripts/failover-test.sh)")
+		fp           failoverPlan
 	)
+	flag.IntVar(&cp.apps, "apps", 2, "crash test: application processes")
+	flag.StringVar(&cp.dbStop, "db-stop", "", "crash test: shell command that crashes PostgreSQL (e.g. pg_ctlcluster ... stop -m immediate)")
+	flag.StringVar(&cp.dbStart, "db-start", "", "crash test: shell command that starts PostgreSQL again")
+	flag.DurationVar(&cp.dbDown, "db-down", time.Second, "crash test: how long PostgreSQL stays down")
+	flag.DurationVar(&cp.opTimeout, "op-timeout", 3*time.Minute, "crash test: a client gives up on an operation after this")
+	flag.StringVar(&fp.standbyURL, "standby-url", "", "failover test: the standby's server URL")
+	flag.StringVar(&fp.primaryStop, "primary-stop", "", "failover test: shell command that crashes the primary")
+	flag.StringVar(&fp.waldump, "waldump", "", "failover test: pg_waldump, to count the transactions the standby's WAL holds only part of")
+	flag.StringVar(&fp.standbyWAL, "standby-wal", "", "failover test: the standby's pg_wal directory, for -waldump")
+	flag.StringVar(&fp.cut, "cut", "stream", "failover test: how the standby falls behind: stream (it stops receiving WAL) or pause (pg_wal_replay_pause)")
 	flag.IntVar(&p.ops, "ops", 100_000, "scheduled calls in total, across all processes")
 	flag.IntVar(&p.workers, "workers", 4, "worker processes")
 	flag.IntVar(&p.clients, "clients", 8, "clients per worker sending fresh keys and retries")
@@ -58,7 +87,29 @@ func main() {
 	flag.Uint64Var(&p.seed, "seed", 1, "seed of the key schedule")
 	flag.DurationVar(&p.timeout, "timeout", 5*time.Minute, "give up after this long")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
+	if *app {
+		appMain(*dbURL, *listen)
+		return
+	}
+	if *crashMode || *failoverMode {
+		// One process of clients, no cross-process races; fewer calls.
+		p.workers, p.raceFrac = 1, 0
+		if !set["ops"] {
+			p.ops = 50_000
+			if *failoverMode {
+				p.ops = 20_000
+			}
+		}
+		if !set["clients"] {
+			p.clients = 16
+		}
+		if !set["timeout"] {
+			p.timeout = 15 * time.Minute
+		}
+	}
 	if err := p.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "idem-load:", err)
 		os.Exit(2)
@@ -69,6 +120,17 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	switch {
+	case *crashMode:
+		var err error
+		if cp.faults, err = parseFaults(*faults, cp.apps); err != nil || cp.apps < 1 {
+			fmt.Fprintln(os.Stderr, "idem-load: -faults, -apps:", err)
+			os.Exit(2)
+		}
+		os.Exit(runCrash(p, cp, *keep))
+	case *failoverMode:
+		os.Exit(runFailover(p, fp, *keep))
 	}
 	os.Exit(runParent(p, *keep))
 }

@@ -36,19 +36,9 @@ const ledgerSQL = `CREATE TABLE ledger (
 func runParent(p plan, keep bool) int {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout+time.Minute)
 	defer cancel()
-	serverURL := localURL
-	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
-		if u := os.Getenv(env); u != "" {
-			serverURL = u
-			break
-		}
-	}
-	adminURL := serverURL
-	if u := os.Getenv("IDEM_TEST_ADMIN_URL"); u != "" {
-		adminURL = u
-	}
+	serverURL, adminURL := serverURLs()
 	name := fmt.Sprintf("idem_load_%d", os.Getpid())
-	dbURL, drop, err := createDatabase(ctx, adminURL, serverURL, name)
+	dbURL, drop, err := createDatabase(ctx, adminURL, serverURL, name, ledgerSQL)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idem-load:", err)
 		return 1
@@ -87,10 +77,29 @@ func runParent(p plan, keep bool) int {
 	return 0
 }
 
-// createDatabase creates a database holding idem's schema and the ledger
-// through adminURL, and returns its URL on serverURL's server (a pooler in
-// front of the same server, say) and a function that drops it.
-func createDatabase(ctx context.Context, adminURL, serverURL, name string) (string, func(), error) {
+// serverURLs returns the server the load uses (IDEM_TEST_DATABASE_URL,
+// DATABASE_URL, or the local server) and the URL to create databases
+// through (IDEM_TEST_ADMIN_URL, or the same).
+func serverURLs() (serverURL, adminURL string) {
+	serverURL = localURL
+	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(env); u != "" {
+			serverURL = u
+			break
+		}
+	}
+	adminURL = serverURL
+	if u := os.Getenv("IDEM_TEST_ADMIN_URL"); u != "" {
+		adminURL = u
+	}
+	return serverURL, adminURL
+}
+
+// createDatabase creates a database holding idem's schema and the business
+// tables of businessSQL through adminURL, and returns its URL on serverURL's
+// server (a pooler in front of the same server, say) and a function that
+// drops it.
+func createDatabase(ctx context.Context, adminURL, serverURL, name, businessSQL string) (string, func(), error) {
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return "", nil, fmt.Errorf("connect to %s: %w", pgurl.Redact(adminURL), err)
@@ -115,7 +124,7 @@ func createDatabase(ctx context.Context, adminURL, serverURL, name string) (stri
 	if err == nil {
 		err = schema.Apply(ctx, conn)
 		if err == nil {
-			_, err = conn.Exec(ctx, ledgerSQL)
+			_, err = conn.Exec(ctx, businessSQL)
 		}
 		conn.Close(ctx)
 	}

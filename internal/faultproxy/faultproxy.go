@@ -49,9 +49,14 @@ const (
 // Action is what happens to a message and its connection.
 type Action int
 
-// dropped is the fate of messages that arrive after the connection was cut
-// from the other direction: nothing more is forwarded.
-const dropped Action = -1
+// The fates of messages that arrive after a rule ended the connection:
+// dropped after a cut (nothing more is forwarded, and the connection
+// closes), discarded during a partition (read and thrown away, the sockets
+// kept open).
+const (
+	dropped   Action = -1
+	discarded Action = -2
+)
 
 const (
 	// Pass forwards the message.
@@ -63,8 +68,15 @@ const (
 	CutAfter
 	// Blackhole forwards neither the message nor anything after it in the
 	// same direction, and leaves both sides open, as a network that lost its
-	// route: the peers notice only through their own timeouts.
+	// route: the peers notice only through their own timeouts. If a peer
+	// closes its side, the proxy closes the other.
 	Blackhole
+	// Partition forwards neither the message nor anything after it in
+	// either direction, and hides each peer's close from the other: a
+	// network partition between two live hosts, which each side notices
+	// only through its own timeouts. The peer that closes sees its own
+	// socket close; the other keeps waiting until CutAll or Close.
+	Partition
 )
 
 func (a Action) String() string {
@@ -77,6 +89,8 @@ func (a Action) String() string {
 		return "cut after"
 	case Blackhole:
 		return "blackhole"
+	case Partition:
+		return "partition"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -325,7 +339,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.nconn++
-		s := &session{p: p, id: p.nconn, client: c, stmts: map[string]string{}, portals: map[string]string{}}
+		s := &session{p: p, id: p.nconn, client: c, gone: make(chan struct{}), stmts: map[string]string{}, portals: map[string]string{}}
 		p.conns[s] = struct{}{}
 		p.wg.Add(1)
 		p.mu.Unlock()
@@ -346,17 +360,19 @@ type session struct {
 	client net.Conn
 
 	closeOnce sync.Once
+	gone      chan struct{} // closed by close
 	serverMu  sync.Mutex
 	server    net.Conn
 	closing   bool
 
-	// Guarded by p.mu: whether a rule cut the connection; what the client
-	// prepared and bound, and the statements whose answers are due, oldest
-	// first.
-	cut     bool
-	stmts   map[string]string
-	portals map[string]string
-	pending []pending
+	// Guarded by p.mu: whether a rule cut or partitioned the connection;
+	// what the client prepared and bound, and the statements whose answers
+	// are due, oldest first.
+	cut         bool
+	partitioned bool
+	stmts       map[string]string
+	portals     map[string]string
+	pending     []pending
 }
 
 type pending struct {
@@ -366,6 +382,7 @@ type pending struct {
 
 func (s *session) close() {
 	s.closeOnce.Do(func() {
+		close(s.gone)
 		s.client.Close()
 		s.serverMu.Lock()
 		s.closing = true
@@ -413,11 +430,24 @@ func (s *session) run() {
 	go func() {
 		defer close(done)
 		s.pump(bufio.NewReaderSize(server, 32<<10), s.client, false)
-		s.close()
+		s.hangUp()
 	}()
 	s.pump(cr, server, true)
-	s.close()
+	s.hangUp()
 	<-done
+}
+
+// hangUp ends the session once one direction has ended: at once, or, in a
+// partition, when CutAll or Close ends it, so that the other peer never
+// learns of the close.
+func (s *session) hangUp() {
+	s.p.mu.Lock()
+	partitioned := s.partitioned
+	s.p.mu.Unlock()
+	if partitioned {
+		<-s.gone
+	}
+	s.close()
 }
 
 // readStartup reads the untyped startup packet, refusing encryption
@@ -474,6 +504,13 @@ func (s *session) pump(r *bufio.Reader, dst net.Conn, fromClient bool) {
 		switch act {
 		case dropped:
 			return
+		case discarded:
+			continue
+		case Partition:
+			// decide has stopped both directions; deliver what came
+			// before the message.
+			_ = w.Flush()
+			continue
 		case CutBefore, Blackhole:
 			s.apply(act, w)
 			if act == Blackhole {
@@ -523,12 +560,20 @@ func (s *session) decide(m Message) Action {
 	if s.cut {
 		return dropped
 	}
+	if s.partitioned {
+		return discarded
+	}
 	if s.p.rule == nil {
 		return Pass
 	}
 	act := s.p.rule(m)
 	if act != Pass {
 		s.p.cuts++
+	}
+	if act == Partition {
+		// Set under the lock that orders every decision, so that the other
+		// direction forwards nothing decided after this message.
+		s.partitioned = true
 	}
 	return act
 }

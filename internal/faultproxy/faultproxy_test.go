@@ -188,6 +188,63 @@ func TestFaultProxyBlackhole(t *testing.T) {
 	}
 }
 
+// TestFaultProxyPartition: from the partition on nothing passes either way,
+// and the server's close never reaches the client, which keeps waiting until
+// CutAll.
+func TestFaultProxyPartition(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := s.connect(t)
+	ctx := context.Background()
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "insert into t values (1)"); err != nil {
+		t.Fatal(err)
+	}
+	pid := c.PgConn().PID()
+	s.proxy.SetRule(faultproxy.Once(faultproxy.ClientSQL("insert"), faultproxy.Partition))
+	done := make(chan error, 1)
+	go func() {
+		_, err := tx.Exec(ctx, "insert into t values (2)")
+		done <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for s.proxy.Cuts() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the rule never fired")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The server is left waiting for the second insert, idle in its
+	// transaction. Ending the session there, as a timeout would, is hidden
+	// from the client.
+	var state string
+	if err := s.direct.QueryRow(ctx, "select state from pg_stat_activity where pid = $1", pid).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	if state != "idle in transaction" {
+		t.Fatalf("the server's session is %q, want idle in transaction", state)
+	}
+	var gone bool
+	if err := s.direct.QueryRow(ctx, "select pg_terminate_backend($1, 30000)", pid).Scan(&gone); err != nil || !gone {
+		t.Fatalf("pg_terminate_backend: %v, %v", gone, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the client saw the server's close through the partition: %v", err)
+	default:
+	}
+	s.proxy.CutAll()
+	if err := <-done; err == nil {
+		t.Fatal("the insert succeeded through a partition")
+	}
+	if n := s.rows(t); n != 0 {
+		t.Fatalf("%d rows; the server rolled the transaction back, want 0", n)
+	}
+}
+
 func TestFaultProxyNthRoundTrip(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
