@@ -82,7 +82,7 @@ func runApp(dbURL, listen string) error {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /ops", handleOp)
-	ln, err := net.Listen("tcp", listen)
+	ln, err := new(net.ListenConfig).Listen(context.Background(), "tcp", listen)
 	if err != nil {
 		return err
 	}

@@ -147,7 +147,9 @@ func (a *apps) start(i int) error {
 		listen = a.addrs[i]
 	}
 	a.mu.Unlock()
-	cmd := exec.Command(a.self, "-app", "-worker-url="+a.dbURL, "-listen="+listen)
+	// The application lives until it is killed or the run ends; no context
+	// of the caller's governs it.
+	cmd := exec.CommandContext(context.Background(), a.self, "-app", "-worker-url="+a.dbURL, "-listen="+listen)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -446,7 +448,9 @@ func sendOp(ctx context.Context, hc *http.Client, a *apps, cp crashPlan, c int, 
 				r.err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(data)))
 				return r
 			}
-			last = fmt.Sprintf("HTTP %d %s", resp.StatusCode, strings.TrimSpace(string(data)))
+			if readErr == nil {
+				last = fmt.Sprintf("HTTP %d %s", resp.StatusCode, strings.TrimSpace(string(data)))
+			}
 		}
 		sleep := backoff/2 + rand.N(backoff/2+1)
 		backoff = min(2*backoff, 500*time.Millisecond)

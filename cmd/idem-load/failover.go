@@ -324,7 +324,7 @@ func cutTransactions(ctx context.Context, fp failoverPlan, start, end string) (c
 		}
 	}
 	if len(seen) == 0 {
-		return 0, 0, fmt.Errorf("pg_waldump found no transactions between %s and %s: %v", start, end, runErr)
+		return 0, 0, fmt.Errorf("pg_waldump found no transactions between %s and %s: %w", start, end, runErr)
 	}
 	for xid := range seen {
 		if !ended[xid] {
@@ -340,8 +340,11 @@ func cutTransactions(ctx context.Context, fp failoverPlan, start, end string) (c
 // can cancel it as a recovery conflict after max_standby_streaming_delay.
 func promote(ctx context.Context, standby *pgx.Conn) error {
 	var ok bool
-	if err := standby.QueryRow(ctx, "SELECT pg_promote(false)").Scan(&ok); err != nil || !ok {
-		return fmt.Errorf("promote the standby: %v, %v", ok, err)
+	if err := standby.QueryRow(ctx, "SELECT pg_promote(false)").Scan(&ok); err != nil {
+		return fmt.Errorf("promote the standby: %w", err)
+	}
+	if !ok {
+		return errors.New("promote the standby: pg_promote answered false")
 	}
 	for deadline := time.Now().Add(5 * time.Minute); ; {
 		var recovering bool
@@ -513,7 +516,7 @@ type foFigures struct {
 	fp                     failoverPlan
 	chk                    foChecked
 	ops, answered          int
-	beforeCrash, inFlight  int
+	beforeCrash            int
 	resentReplayed         int // acknowledged keys sent again after the run: replayed
 	resentExecuted         int // ... ran again (the promoted node had lost them)
 	finalKeys, finalLedger int
