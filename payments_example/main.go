@@ -8,13 +8,16 @@
 //	DATABASE_URL=postgres://... go run . -addr 127.0.0.1:8080 -processor http://127.0.0.1:8090
 //
 // The HTTP API is described in openapi.yaml and served at GET /openapi.yaml;
-// internal/payments implements it. Clients sign up with POST /accounts and
-// send the API key they receive as "Authorization: Bearer"; idempotency
-// keys are scoped by it. The service creates its tables on start if they
-// are missing (River's too, with rivermigrate), deletes expired
-// idempotency keys every -sweep-every, and shuts down gracefully on SIGINT
-// or SIGTERM. `make demo` (./demo) shows the guarantee against a network
-// that loses answers.
+// internal/payments implements it. GET /metrics serves the service's
+// metrics for Prometheus: idem's (package idemotel, on an OpenTelemetry
+// MeterProvider read by the OpenTelemetry Prometheus exporter), such as
+// idem_calls_total by outcome and HTTP status. Clients sign up with
+// POST /accounts and send the API key they receive as "Authorization:
+// Bearer"; idempotency keys are scoped by it. The service creates its
+// tables on start if they are missing (River's too, with rivermigrate),
+// deletes expired idempotency keys every -sweep-every, and shuts down
+// gracefully on SIGINT or SIGTERM. `make demo` (./demo) shows the
+// guarantee against a network that loses answers.
 //
 // With a payment processor (-processor, or PROCESSOR_URL; the flag wins),
 // every committed payment is also charged at the processor, exactly once:
@@ -39,8 +42,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 
 	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/idemotel"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -134,6 +139,9 @@ Flags:
 		dbURL = defaultDatabaseURL
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// The OpenTelemetry SDK's own errors (a failed read of the key table's
+	// figures for a scrape, say) go to the service's log.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("metrics", "err", err) }))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *addr, dbURL, log, set); err != nil {
@@ -161,16 +169,36 @@ func run(ctx context.Context, addr, dbURL string, log *slog.Logger, set settings
 
 // serve serves the API on ln until ctx ends, then shuts down gracefully:
 // the listener closes, requests in flight finish (up to 10s), settlement
-// jobs in flight finish (up to 10s more), and the sweeper stops, before it
-// returns.
+// jobs in flight finish (up to 10s more), the sweeper stops, and the
+// metrics' MeterProvider shuts down, before it returns.
 func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) (err error) {
-	// One idem.Client holds the deployment's key settings; the middleware
-	// and the sweeper share it. Its Logger receives failed sweeps.
-	keys, err := idem.NewClient(pool, &idem.Config{Logger: log})
+	mp, metrics, err := newMetrics(ctx, log)
 	if err != nil {
 		_ = ln.Close()
 		return err
 	}
+	// Deferred first, so it runs last: nothing records any more.
+	defer func() { err = errors.Join(err, mp.Shutdown(context.WithoutCancel(ctx))) }()
+	// One idem.Client holds the deployment's key settings; the middleware
+	// and the sweeper share it. Its Observer counts every call in the
+	// metrics (idem_calls_total, idem_duration_seconds); its Logger
+	// receives failed sweeps.
+	keys, err := idem.NewClient(pool, &idem.Config{
+		Observer: idemotel.New(idemotel.WithMeterProvider(mp)),
+		Logger:   log,
+	})
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	// The key table's health (idem_key_count and the others), read at
+	// each scrape.
+	stats, err := idemotel.RegisterStats(keys, idemotel.WithMeterProvider(mp))
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer func() { err = errors.Join(err, stats.Unregister()) }()
 	var settler payments.Settler // nil: no settlement
 	if set.processorURL != "" {
 		jobs, stopJobs, err := startSettlement(ctx, pool, set.processorURL, log)
@@ -183,7 +211,7 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 		defer func() { err = errors.Join(err, stopJobs()) }()
 		settler = jobs
 	}
-	handler, err := payments.NewHandler(pool, keys, settler, log)
+	handler, err := payments.NewHandler(pool, keys, settler, log, metrics)
 	if err != nil {
 		_ = ln.Close()
 		return err

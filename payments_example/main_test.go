@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/api"
+	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 )
@@ -150,6 +153,58 @@ func TestServe(t *testing.T) {
 	}
 	if err := s.stop(); err != nil {
 		t.Fatalf("serve after shutdown: %v", err)
+	}
+}
+
+// TestMetrics checks GET /metrics as the service serves it, through the
+// spec-checking client: after a payment and a retry of it, idem_calls_total
+// counts one call executed and one replayed, both answered 201; the call
+// duration and the key table's figures are there too; and nothing in the
+// exposition names the account, its API key or the Idempotency-Key.
+func TestMetrics(t *testing.T) {
+	pool := testdb.New(t)
+	s := start(t, pool, defaultSettings())
+	a := s.signUp(t.Context(), t)
+	const key = "metrics-payment-1"
+	for i := range 2 {
+		if status := s.pay(t.Context(), t, a, key, 100); status != http.StatusCreated {
+			t.Fatalf("POST /payments, attempt %d: %d", i+1, status)
+		}
+	}
+	status, body := s.get(t.Context(), t, "/metrics", "")
+	if status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", status, body)
+	}
+	t.Logf("GET /metrics:\n%s", body)
+	counts, err := callmetrics.Read(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []callmetrics.Count{
+		{Outcome: "executed", Status: "201", N: 1},
+		{Outcome: "replayed", Status: "201", N: 1},
+	}
+	if !reflect.DeepEqual(counts, want) {
+		t.Fatalf("idem_calls_total by outcome and status: %+v, want %+v", counts, want)
+	}
+	for _, series := range []string{
+		`idem_calls_total{http_response_status_code="201",idem_outcome="replayed",`,
+		`idem_duration_seconds_count{http_response_status_code="201",idem_outcome="executed",`,
+		`idem_key_count{idem_key_state="in_progress",idem_table="idempotency_keys",`,
+		`idem_table_size_bytes{idem_table="idempotency_keys",`,
+	} {
+		if !bytes.Contains(body, []byte(series)) {
+			t.Errorf("GET /metrics has no series %s", series)
+		}
+	}
+	for name, secret := range map[string]string{
+		"the Idempotency-Key": key,
+		"the API key":         a.ApiKey,
+		"the account's scope": fmt.Sprintf("account:%d", a.Id),
+	} {
+		if bytes.Contains(body, []byte(secret)) {
+			t.Errorf("GET /metrics holds %s (%q)", name, secret)
+		}
 	}
 }
 

@@ -185,6 +185,36 @@ func (e KeyMismatchProblemType) Valid() bool {
 	}
 }
 
+// Defines values for NoMetricsProblemStatus.
+const (
+	NoMetricsProblemStatusN404 NoMetricsProblemStatus = 404
+)
+
+// Valid indicates whether the value is a known member of the NoMetricsProblemStatus enum.
+func (e NoMetricsProblemStatus) Valid() bool {
+	switch e {
+	case NoMetricsProblemStatusN404:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for NoMetricsProblemType.
+const (
+	NoMetricsProblemTypeAboutBlank NoMetricsProblemType = "about:blank"
+)
+
+// Valid indicates whether the value is a known member of the NoMetricsProblemType enum.
+func (e NoMetricsProblemType) Valid() bool {
+	switch e {
+	case NoMetricsProblemTypeAboutBlank:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NoSuchAccountProblemStatus.
 const (
 	NoSuchAccountProblemStatusN404 NoSuchAccountProblemStatus = 404
@@ -611,6 +641,25 @@ type KeyMismatchProblemStatus int
 // KeyMismatchProblemType defines model for KeyMismatchProblem.Type.
 type KeyMismatchProblemType string
 
+// NoMetricsProblem defines model for NoMetricsProblem.
+type NoMetricsProblem struct {
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                `json:"detail,omitempty"`
+	Instance *string                `json:"instance,omitempty"`
+	Status   NoMetricsProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string               `json:"title"`
+	Type  NoMetricsProblemType `json:"type"`
+}
+
+// NoMetricsProblemStatus defines model for NoMetricsProblem.Status.
+type NoMetricsProblemStatus int
+
+// NoMetricsProblemType defines model for NoMetricsProblem.Type.
+type NoMetricsProblemType string
+
 // NoSuchAccountProblem defines model for NoSuchAccountProblem.
 type NoSuchAccountProblem struct {
 	// Detail A human-readable explanation of this occurrence. It never
@@ -981,6 +1030,23 @@ type ClientInterface interface {
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetMetrics The service's metrics, for Prometheus.
+	//
+	// The Prometheus text exposition format (version 0.0.4, names
+	// escaped with underscores; a scraper may ask for another format with
+	// `Accept`). Among them, from idem's OpenTelemetry observer
+	// (idemotel): `idem_calls_total`, every request under the
+	// Idempotency-Key handling by `idem_outcome` (`executed`,
+	// `replayed`, `in_progress`, ...) and `http_response_status_code`;
+	// `idem_duration_seconds`; and the key table's gauges
+	// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
+	// `idem_table_size_bytes`). Counters start at zero when the service
+	// starts. The metrics hold counts only: never an API key, an
+	// Idempotency-Key or an account.
+	//
+	// Corresponds with GET /metrics (the `GetMetrics` operationId).
+	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetOpenAPI This document, with every reference resolved.
 	//
 	// Corresponds with GET /openapi.yaml (the `GetOpenAPI` operationId).
@@ -1093,6 +1159,33 @@ func (c *Client) GetAccount(ctx context.Context, id int64, reqEditors ...Request
 // Corresponds with GET /healthz (the `GetHealth` operationId).
 func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetHealthRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetMetrics The service's metrics, for Prometheus.
+//
+// The Prometheus text exposition format (version 0.0.4, names
+// escaped with underscores; a scraper may ask for another format with
+// `Accept`). Among them, from idem's OpenTelemetry observer
+// (idemotel): `idem_calls_total`, every request under the
+// Idempotency-Key handling by `idem_outcome` (`executed`,
+// `replayed`, `in_progress`, ...) and `http_response_status_code`;
+// `idem_duration_seconds`; and the key table's gauges
+// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
+// `idem_table_size_bytes`). Counters start at zero when the service
+// starts. The metrics hold counts only: never an API key, an
+// Idempotency-Key or an account.
+//
+// Corresponds with GET /metrics (the `GetMetrics` operationId).
+func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetMetricsRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1270,6 +1363,33 @@ func NewGetHealthRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/healthz")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetMetricsRequest constructs an http.Request for the GetMetrics method
+func NewGetMetricsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/metrics")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -1486,6 +1606,25 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
+
+	// GetMetricsWithResponse The service's metrics, for Prometheus.
+	//
+	// The Prometheus text exposition format (version 0.0.4, names
+	// escaped with underscores; a scraper may ask for another format with
+	// `Accept`). Among them, from idem's OpenTelemetry observer
+	// (idemotel): `idem_calls_total`, every request under the
+	// Idempotency-Key handling by `idem_outcome` (`executed`,
+	// `replayed`, `in_progress`, ...) and `http_response_status_code`;
+	// `idem_duration_seconds`; and the key table's gauges
+	// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
+	// `idem_table_size_bytes`). Counters start at zero when the service
+	// starts. The metrics hold counts only: never an API key, an
+	// Idempotency-Key or an account.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /metrics (the `GetMetrics` operationId).
+	GetMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error)
 
 	// GetOpenAPIWithResponse This document, with every reference resolved.
 	//
@@ -1751,6 +1890,47 @@ func (r GetHealthResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetHealthResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetMetricsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NoMetricsProblem
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetMetricsResponse) GetApplicationproblemJSON404() *NoMetricsProblem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetMetricsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetMetricsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetMetricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetMetricsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2093,6 +2273,31 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 	return ParseGetHealthResponse(rsp)
 }
 
+// GetMetricsWithResponse The service's metrics, for Prometheus.
+//
+// The Prometheus text exposition format (version 0.0.4, names
+// escaped with underscores; a scraper may ask for another format with
+// `Accept`). Among them, from idem's OpenTelemetry observer
+// (idemotel): `idem_calls_total`, every request under the
+// Idempotency-Key handling by `idem_outcome` (`executed`,
+// `replayed`, `in_progress`, ...) and `http_response_status_code`;
+// `idem_duration_seconds`; and the key table's gauges
+// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
+// `idem_table_size_bytes`). Counters start at zero when the service
+// starts. The metrics hold counts only: never an API key, an
+// Idempotency-Key or an account.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /metrics (the `GetMetrics` operationId).
+func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error) {
+	rsp, err := c.GetMetrics(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetMetricsResponse(rsp)
+}
+
 // GetOpenAPIWithResponse This document, with every reference resolved.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2371,6 +2576,32 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 	return response, nil
 }
 
+// ParseGetMetricsResponse parses an HTTP response from a GetMetricsWithResponse call
+func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetMetricsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NoMetricsProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetOpenAPIResponse parses an HTTP response from a GetOpenAPIWithResponse call
 func ParseGetOpenAPIResponse(rsp *http.Response) (*GetOpenAPIResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -2637,6 +2868,9 @@ type ServerInterface interface {
 	// GetHealth Whether the service can reach its database.
 	// (GET /healthz)
 	GetHealth(w http.ResponseWriter, r *http.Request)
+	// GetMetrics The service's metrics, for Prometheus.
+	// (GET /metrics)
+	GetMetrics(w http.ResponseWriter, r *http.Request)
 	// GetOpenAPI This document, with every reference resolved.
 	// (GET /openapi.yaml)
 	GetOpenAPI(w http.ResponseWriter, r *http.Request)
@@ -2702,6 +2936,20 @@ func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetHealth(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetMetrics(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetMetrics(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2918,6 +3166,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/healthz", wrapper.GetHealth)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/openapi.yaml", wrapper.GetOpenAPI)
+	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/metrics", wrapper.GetMetrics)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/accounts", wrapper.CreateAccount)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/accounts/{id}", wrapper.GetAccount)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/payments", wrapper.CreatePayment)

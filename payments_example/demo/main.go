@@ -16,16 +16,21 @@
 // kill, to the same business code without idem (./unprotected), which
 // calls the processor inside the request with a new key per attempt, and
 // shows how much money the retries charged twice, in the service and at
-// the processor.
+// the processor. Last, it prints what the service with idem counted itself,
+// read from its GET /metrics before it was stopped: idem_calls_total by
+// outcome and HTTP status since its restart, and whether its replays are
+// the replays the proxy relayed from it.
 //
 // Run it with `make demo` or `go run ./payments_example/demo`. It finds
 // PostgreSQL as the tests do (IDEM_TEST_DATABASE_URL, DATABASE_URL, else
 // 127.0.0.1:5432), works in a database of its own that it drops at the end,
-// and exits non-zero if, with idem, the balance is not exact or a payment
-// is not settled exactly once within a minute of the last answer.
+// and exits non-zero if, with idem, the balance is not exact, a payment is
+// not settled exactly once within a minute of the last answer, or the
+// service's metrics count other replays than the proxy relayed.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -44,6 +49,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/payments_example/api"
+	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -73,7 +79,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
 	}
-	if !with.exact() {
+	if !with.exact() || !with.metricsAgree() {
 		os.Exit(1)
 	}
 }
@@ -155,6 +161,11 @@ type outcome struct {
 	processed int           // charges the processor made for the account
 	settled   int           // payment rows settled by a processor charge
 	settling  time.Duration // from the last answer until every payment was settled
+
+	// With idem: the restarted service's idem_calls_total (GET /metrics)
+	// and the replays the proxy relayed from it.
+	metrics             []callmetrics.Count
+	replaysSinceRestart int64
 }
 
 func (o outcome) duplicates() int { return o.charges - (o.sent - len(o.failed)) }
@@ -166,6 +177,12 @@ func (o outcome) processorDuplicates() int { return o.processed - (o.sent - len(
 func (o outcome) exact() bool {
 	return len(o.failed) == 0 && o.duplicates() == 0 && o.actual == o.expected &&
 		o.processorDuplicates() == 0 && o.settled == o.charges && o.settling <= settleBound
+}
+
+// metricsAgree reports whether the restarted service counted as many
+// replays in its metrics as the proxy relayed from it.
+func (o outcome) metricsAgree() bool {
+	return callmetrics.Of(o.metrics, "replayed") == o.replaysSinceRestart
 }
 
 // half is what both halves of the demo share.
@@ -245,7 +262,12 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		for answered.Load() < int64(killAt*float64(len(h.plan))) && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
-		killErr = svc.kill(ctx)
+		if killErr = svc.kill(); killErr != nil {
+			return
+		}
+		// The answers from here on are the next run's.
+		proxy.restarted()
+		killErr = svc.start(ctx)
 	})
 	results := payAll(ctx, payer, account, h.plan, workers, &answered)
 	lastAnswer := time.Now()
@@ -283,6 +305,14 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		return outcome{}, fmt.Errorf("read the account: status %d", got.StatusCode())
 	}
 	o.actual = got.JSON200.Balance
+	if async {
+		// The service counts its calls too, from its start: these are the
+		// restarted run's.
+		if o.metrics, err = scrape(ctx, owner); err != nil {
+			return outcome{}, err
+		}
+		o.replaysSinceRestart = proxy.replaysSinceRestart()
+	}
 	stopped = true
 	if err := svc.stop(); err != nil {
 		return outcome{}, err
@@ -357,6 +387,33 @@ func report(out io.Writer, with, without outcome) {
 	fmt.Fprintf(out, "Without idem: %d retries became %d extra charges; %s was taken twice, and\n"+
 		"the processor charged %d times for %d payments.\n",
 		without.retries, without.duplicates(), usd(without.expected-without.actual), without.processed, without.sent)
+
+	fmt.Fprintf(out, "\nThe service's own count, from its GET /metrics (idem_calls_total by outcome and\n"+
+		"HTTP status). A process counts from its start, so these are the restarted one's:\n")
+	for _, c := range with.metrics {
+		fmt.Fprintf(out, "  outcome=%-15s status=%-4s %6d\n", c.Outcome, c.Status, c.N)
+	}
+	counted := callmetrics.Of(with.metrics, "replayed")
+	fmt.Fprintf(out, "Of the %d replays served, %d came from the restarted service: its metrics counted %d",
+		with.replays, with.replaysSinceRestart, counted)
+	if with.metricsAgree() {
+		fmt.Fprintln(out, ".")
+	} else {
+		fmt.Fprintln(out, ", NOT THE SAME.")
+	}
+}
+
+// scrape reads the service's GET /metrics and returns its idem calls by
+// outcome and HTTP status.
+func scrape(ctx context.Context, client *api.ClientWithResponses) ([]callmetrics.Count, error) {
+	res, err := client.GetMetricsWithResponse(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode() != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: status %d", res.StatusCode())
+	}
+	return callmetrics.Read(bytes.NewReader(res.Body))
 }
 
 // usd formats cents as "1,234.56 USD".

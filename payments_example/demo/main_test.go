@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 )
 
@@ -15,9 +16,10 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 // TestPlay runs the demo, both halves, on a shorter plan, with the service
 // built and run as a child process and killed once: with idem every lost
 // answer is replayed, the balance is exact and the processor charges each
-// payment once, all settled within the bound; without it lost answers
-// become duplicate charges, in the service and at the processor. Every
-// request the demo sends the service, and every answer, is checked
+// payment once, all settled within the bound, and the restarted service's
+// metrics count the replays the proxy relayed from it; without it lost
+// answers become duplicate charges, in the service and at the processor.
+// Every request the demo sends the service, and every answer, is checked
 // against the spec.
 func TestPlay(t *testing.T) {
 	spec := spectest.New(t)
@@ -30,6 +32,12 @@ func TestPlay(t *testing.T) {
 	}
 	if !with.exact() || with.lost == 0 || with.replays < with.lost || with.retries < with.lost {
 		t.Fatalf("with idem: %+v; want exact, some lost answers, and a replay for each", with)
+	}
+	// The restarted service's metrics: it executed payments, and counted
+	// as replays exactly the replays the proxy relayed from it.
+	if callmetrics.Of(with.metrics, "executed") == 0 || !with.metricsAgree() {
+		t.Fatalf("with idem: metrics %+v after the restart, %d replays relayed from it; want executed calls and the same replays",
+			with.metrics, with.replaysSinceRestart)
 	}
 	// A lost 201 becomes a second payment; a lost 503 (the processor
 	// failed, the payment rolled back) costs nothing; a lost answer of the

@@ -26,6 +26,10 @@ type lossyProxy struct {
 
 	mu       sync.Mutex
 	attempts map[string]int // requests seen per Idempotency-Key
+	// instance counts the service's restarts (restarted); replaysOf, the
+	// replays of each run of the service.
+	instance  int
+	replaysOf map[int]int64
 
 	lost    atomic.Int64 // answers dropped
 	replays atomic.Int64 // answers the service marked Idempotent-Replayed
@@ -33,11 +37,40 @@ type lossyProxy struct {
 
 func newLossyProxy(upstream string, seed uint64, lossRate float64) *lossyProxy {
 	return &lossyProxy{
-		upstream: upstream,
-		client:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-		seed:     seed,
-		lossRate: lossRate,
-		attempts: map[string]int{},
+		upstream:  upstream,
+		client:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		seed:      seed,
+		lossRate:  lossRate,
+		attempts:  map[string]int{},
+		replaysOf: map[int]int64{},
+	}
+}
+
+// restarted tells the proxy that the service was stopped and is about to
+// start again: the answers that follow come from its next run. Call it
+// once the stopped process is gone, and before the next one starts.
+func (p *lossyProxy) restarted() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.instance++
+}
+
+// replaysSinceRestart returns the replays that the service's current run
+// served through the proxy.
+func (p *lossyProxy) replaysSinceRestart() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.replaysOf[p.instance]
+}
+
+// countReplay counts a replay of the run of the service that was current
+// when its request was sent, if that run is still current: a request that
+// a restart overtook may have been answered by either run.
+func (p *lossyProxy) countReplay(instance int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.instance == instance {
+		p.replaysOf[instance]++
 	}
 }
 
@@ -46,6 +79,7 @@ func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	attempt := p.attempts[key]
 	p.attempts[key]++
+	instance := p.instance
 	p.mu.Unlock()
 
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.upstream+r.URL.RequestURI(), r.Body)
@@ -69,6 +103,7 @@ func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if res.Header.Get("Idempotent-Replayed") == "true" {
 		p.replays.Add(1)
+		p.countReplay(instance)
 	}
 
 	if p.loses(key, attempt) {

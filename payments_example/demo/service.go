@@ -108,9 +108,9 @@ func (c *child) start(ctx context.Context) error {
 	}
 }
 
-// kill sends SIGKILL, waits for the process to be gone and starts it
-// again.
-func (c *child) kill(ctx context.Context) error {
+// kill sends SIGKILL and waits for the process to be gone; start starts
+// it again.
+func (c *child) kill() error {
 	c.mu.Lock()
 	cmd, done := c.cmd, c.done
 	c.mu.Unlock()
@@ -120,7 +120,7 @@ func (c *child) kill(ctx context.Context) error {
 	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		return fmt.Errorf("%s had exited before the kill: %w\n%s", filepath.Base(c.bin), err, c.output())
 	}
-	return c.start(ctx)
+	return nil
 }
 
 // stop stops the process as SIGTERM does.

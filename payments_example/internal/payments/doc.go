@@ -4,9 +4,9 @@
 //
 // Clients sign up with POST /accounts and receive an API key, shown once
 // and stored only as its SHA-256 hash. Every other operation but the health
-// check and the spec requires the key as a Bearer token and acts on its own
-// account only; another account's resources are answered 404, as missing
-// ones.
+// check, the spec and the metrics requires the key as a Bearer token and
+// acts on its own account only; another account's resources are answered
+// 404, as missing ones.
 //
 // Every payment runs in the request's transaction. NewHandler puts
 // POST /payments behind idemhttp, with the API key's account as the

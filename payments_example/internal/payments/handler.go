@@ -21,6 +21,7 @@ import (
 //
 //	GET  /healthz        open; 200 when the database answers
 //	GET  /openapi.yaml   open; the API's OpenAPI document
+//	GET  /metrics        open; metrics for Prometheus (404 without metrics)
 //	POST /accounts       open (sign-up); 201 with the account's API key
 //	GET  /accounts/{id}  API key; 200 Account, 404 for another account's
 //	POST /payments       API key and Idempotency-Key; 201 Payment
@@ -30,9 +31,12 @@ import (
 // on pool), with the API key's account as the idempotency scope; settler,
 // if not nil, settles each payment in its transaction (settlement.Queue
 // inserts a job there). log receives the errors answered with 5xx; nil
-// discards them.
-func NewHandler(pool *pgxpool.Pool, keys *idem.Client, settler Settler, log *slog.Logger) (http.Handler, error) {
+// discards them. metrics, if not nil, serves GET /metrics (the service
+// gives it the Prometheus handler of the MeterProvider that keys'
+// observer records in); nil: GET /metrics answers 404.
+func NewHandler(pool *pgxpool.Pool, keys *idem.Client, settler Settler, log *slog.Logger, metrics http.Handler) (http.Handler, error) {
 	s := newServer(pool, settler, log)
+	s.metrics = metrics
 	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{
 		Required:     true,
 		MaxBodyBytes: MaxBodyBytes,
@@ -52,7 +56,7 @@ func NewHandler(pool *pgxpool.Pool, keys *idem.Client, settler Settler, log *slo
 // own and the Idempotency-Key ignored: a retried payment is charged again.
 // It exists to show what NewHandler prevents; never serve it. settler,
 // if not nil, settles each payment in its transaction (the demo gives it
-// settlement.Direct).
+// settlement.Direct). It has no metrics: GET /metrics answers 404.
 func NewUnprotectedHandler(pool *pgxpool.Pool, settler Settler, log *slog.Logger) http.Handler {
 	s := newServer(pool, settler, log)
 	s.payWrite = s.inPlainTx
@@ -62,7 +66,8 @@ func NewUnprotectedHandler(pool *pgxpool.Pool, settler Settler, log *slog.Logger
 // server implements api.ServerInterface; there is no package-level state.
 type server struct {
 	pool    *pgxpool.Pool
-	settler Settler // nil: payments are not settled
+	settler Settler      // nil: payments are not settled
+	metrics http.Handler // serves GET /metrics; nil: 404
 	log     *slog.Logger
 	// payWrite runs POST /payments's endpoint in a transaction and writes
 	// its answer once the transaction is settled.
@@ -93,6 +98,7 @@ func (s *server) routes(idempotent func(http.Handler) http.Handler) http.Handler
 	mux.Handle("/", s.requireAccount(generated))
 	mux.Handle("GET /healthz", generated)
 	mux.Handle("GET /openapi.yaml", generated)
+	mux.Handle("GET /metrics", generated)
 	mux.Handle("POST /accounts", generated)
 	mux.Handle("POST /payments", s.requireAccount(idempotent(generated)))
 	return mux
@@ -168,6 +174,16 @@ func (s *server) GetHealth(w http.ResponseWriter, r *http.Request) {
 func (s *server) GetOpenAPI(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/yaml")
 	_, _ = w.Write(api.Spec())
+}
+
+// GetMetrics serves GET /metrics: the metrics handler NewHandler was
+// given, or 404 without one.
+func (s *server) GetMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.metrics == nil {
+		fail(http.StatusNotFound, "about:blank", "this service exports no metrics").write(w)
+		return
+	}
+	s.metrics.ServeHTTP(w, r)
 }
 
 // internal logs err and answers 5xx, which rolls the transaction back and

@@ -53,7 +53,7 @@ func protected(t testing.TB, pool *pgxpool.Pool) http.Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := payments.NewHandler(pool, keys, nil, nil)
+	h, err := payments.NewHandler(pool, keys, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,6 +222,19 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 	if _, err := spectest.Load(t.Context()); err != nil {
 		t.Fatalf("the served document does not stand on its own: %v", err)
+	}
+}
+
+// TestNoMetrics checks GET /metrics of a handler given no metrics (the
+// unprotected one, say): open, and 404.
+func TestNoMetrics(t *testing.T) {
+	t.Parallel()
+	for name, handler := range map[string]func(testing.TB, *pgxpool.Pool) http.Handler{"protected": protected, "unprotected": unprotected} {
+		t.Run(name, func(t *testing.T) {
+			e := setup(t, handler)
+			res := e.send(request{method: "GET", path: "/metrics"})
+			wantProblem(t, res, http.StatusNotFound, "about:blank")
+		})
 	}
 }
 

@@ -94,7 +94,7 @@ func TestSettlerRunsInThePaymentsTransaction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := payments.NewHandler(pool, keys, s, nil)
+		h, err := payments.NewHandler(pool, keys, s, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -67,7 +67,7 @@ func newService(t *testing.T, cfg processor.FakeConfig, settle func(s *service) 
 	if settle != nil {
 		settler = settle(s)
 	}
-	h, err := payments.NewHandler(pool, keys, settler, nil)
+	h, err := payments.NewHandler(pool, keys, settler, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,47 @@
+package callmetrics_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/idemhq/idem/payments_example/internal/callmetrics"
+)
+
+// TestRead sums idem_calls_total over the labels other than outcome and
+// status, orders the counts by idem's outcomes, and ignores other metrics.
+func TestRead(t *testing.T) {
+	const text = `# HELP idem_calls_total Calls.
+# TYPE idem_calls_total counter
+idem_calls_total{http_response_status_code="201",idem_outcome="replayed",idem_refused="false",idem_table="idempotency_keys",otel_scope_name="x"} 2
+idem_calls_total{http_response_status_code="409",error_type="idem.ErrInProgress",idem_outcome="in_progress",idem_refused="false",idem_table="idempotency_keys",otel_scope_name="x"} 1
+idem_calls_total{http_response_status_code="201",idem_outcome="executed",idem_refused="false",idem_table="idempotency_keys",otel_scope_name="x"} 5
+idem_calls_total{http_response_status_code="201",idem_outcome="executed",idem_refused="false",idem_table="other_keys",otel_scope_name="x"} 1
+idem_calls_total{http_response_status_code="402",idem_outcome="refused",idem_refused="true",idem_table="idempotency_keys",otel_scope_name="x"} 3
+# HELP idem_key_count Keys.
+# TYPE idem_key_count gauge
+idem_key_count{idem_key_state="expired",idem_table="idempotency_keys"} 7
+`
+	got, err := callmetrics.Read(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []callmetrics.Count{
+		{Outcome: "executed", Status: "201", N: 6},
+		{Outcome: "replayed", Status: "201", N: 2},
+		{Outcome: "refused", Status: "402", N: 3},
+		{Outcome: "in_progress", Status: "409", N: 1},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Read = %+v, want %+v", got, want)
+	}
+	if n := callmetrics.Of(got, "executed"); n != 6 {
+		t.Errorf("Of(executed) = %d, want 6", n)
+	}
+	if got, err := callmetrics.Read(strings.NewReader("")); err != nil || len(got) != 0 {
+		t.Errorf("Read(empty) = %v, %v; want no counts", got, err)
+	}
+	if _, err := callmetrics.Read(strings.NewReader("idem_calls_total{ 1\n")); err == nil {
+		t.Error("Read of a malformed exposition: no error")
+	}
+}
