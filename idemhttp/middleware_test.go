@@ -188,18 +188,20 @@ func TestInProgress(t *testing.T) {
 	a := newApp(t, idemhttp.WithRetryAfter(2500*time.Millisecond))
 	a.gate = make(chan struct{})
 	a.entered = make(chan struct{}, 1)
+	openGate := sync.OnceFunc(func() { close(a.gate) })
+	defer openGate() // on failure too: the first request holds a connection
 
-	done := make(chan *httptest.ResponseRecorder)
+	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() { done <- a.post("slow", 100) }()
 	<-a.entered
 	a.entered = nil // read by the first request only, before it signalled
 
-	busy := a.post("slow", 100)
+	busy := a.postContended(t, "slow", 100)
 	wantProblem(t, busy, http.StatusConflict, idemhttp.ProblemInProgress)
 	if got := busy.Header().Get("Retry-After"); got != "3" {
 		t.Fatalf("Retry-After %q, want 3 (2.5s rounded up)", got)
 	}
-	close(a.gate)
+	openGate()
 	first := <-done
 	wantStatus(t, first, http.StatusCreated)
 

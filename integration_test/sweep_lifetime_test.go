@@ -111,7 +111,7 @@ func TestSweepSkipsKeysBeingClaimed(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET created_at = created_at - interval '2 days', expires_at = expires_at - interval '2 days', completed_at = completed_at - interval '2 days'"); err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
+	release, releaseHolder := holderRelease(t)
 	done := make(chan error, 1)
 	go func() {
 		_, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { <-release; return 2, nil })
@@ -122,7 +122,7 @@ func TestSweepSkipsKeysBeingClaimed(t *testing.T) {
 	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	deleted, err := idem.Sweep(bounded, s.pool)
-	close(release)
+	releaseHolder()
 	if errors.Is(err, context.DeadlineExceeded) || bounded.Err() != nil {
 		t.Fatalf("Sweep waited for the claim's transaction until its deadline (%v): it must skip locked rows", err)
 	}

@@ -39,16 +39,12 @@ func TestWaitEndsAtItsBound(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	const bound = 300 * time.Millisecond
-	release := make(chan struct{})
+	release, releaseHolder := holderRelease(t)
 	holderDone := make(chan error, 1)
 	go func() {
 		_, err := idem.Do(context.Background(), s.pool, "k-held", "h", func(pgx.Tx) (int, error) {
-			select {
-			case <-release:
-				return 1, nil
-			case <-time.After(time.Minute):
-				return 0, errors.New("the holder was never released")
-			}
+			<-release
+			return 1, nil
 		})
 		holderDone <- err
 	}()
@@ -63,7 +59,7 @@ func TestWaitEndsAtItsBound(t *testing.T) {
 	_, outcome, err := idem.Run(ctx, s.pool, "k-held", "h", func(context.Context, pgx.Tx) (int, error) { ran = true; return 2, nil },
 		idem.WithWait(bound), idem.WithObserver(obs))
 	waited := time.Since(start)
-	close(release)
+	releaseHolder()
 	if err := <-holderDone; err != nil {
 		t.Fatal(err)
 	}
