@@ -9,7 +9,7 @@ FUZZTIME  ?= 10s
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench loadtest test-pgbouncer fuzz mutate lint vet fmt-check tidy-check postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -33,6 +33,9 @@ loadtest: postgres ## Several processes, 100k+ operations, reconciled from the d
 
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh
+
+mutate: postgres ## Put each deliberate bug of scripts/mutations/mutations.txt into a scratch copy; the tests must catch every one.
+	$(GO) run ./cmd/idem-mutate $(MUTATE_FLAGS)
 
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
 	@./scripts/fuzz.sh $(FUZZTIME)

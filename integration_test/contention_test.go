@@ -42,7 +42,7 @@ func holderRelease(t *testing.T) (<-chan struct{}, func()) {
 // waitedForHolder explains a contended call's error when it is the bound's.
 func waitedForHolder(err error) string {
 	if errors.Is(err, context.DeadlineExceeded) {
-		return " (the call waited for the key's holder instead of answering ErrInProgress at once: does the claim still take its advisory lock?)"
+		return " (the call waited for the key's holder instead of answering at once: does the statement still take, and heed, the key's advisory lock?)"
 	}
 	return ""
 }
