@@ -9,7 +9,7 @@ FUZZTIME  ?= 10s
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test demo bench loadtest test-pgbouncer fuzz mutate lint vet fmt-check tidy-check postgres
+.PHONY: help test demo bench loadtest test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,6 +36,9 @@ test-pgbouncer: postgres ## Run the integration suite through PgBouncer in trans
 
 mutate: postgres ## Put each deliberate bug of scripts/mutations/mutations.txt into a scratch copy; the tests must catch every one.
 	$(GO) run ./cmd/idem-mutate $(MUTATE_FLAGS)
+
+mutate-broad: postgres ## Gremlins' generated mutations of idem's pure logic (keys, hashes, canonical JSON), in a scratch copy.
+	@./scripts/mutate-broad.sh
 
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s).
 	@./scripts/fuzz.sh $(FUZZTIME)

@@ -42,7 +42,10 @@ END $$`, gateKey)
 // pg_try_advisory_xact_lock to a function that first waits for an advisory
 // lock the test holds. The test waits (in pg_locks) until the second claim
 // stands at the gate, lets the first call commit, then opens the gate. Every
-// step is bounded, so a broken claim fails within seconds.
+// step is bounded, so a broken claim fails within seconds. (The gate relies
+// on claim.sql calling the function unqualified; were it written
+// pg_catalog.pg_try_advisory_xact_lock, this test would fail saying that the
+// second claim never stopped, and would need another hook.)
 func TestClaimRaceCommitAfterSnapshot(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -125,6 +125,19 @@ func TestRoundTrips(t *testing.T) {
 			}
 			replayTrips := c.take()
 
+			// A key that completed long after its claim lives until
+			// completed_at + TTL, past its expires_at: its replay is a pure
+			// read too, answered from the claim's own snapshot.
+			if _, err := l.admin.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '25 hours',
+				expires_at = now() - interval '1 hour', completed_at = now() - interval '1 minute' WHERE idempotency_key = 'k-1'`); err != nil {
+				t.Fatal(err)
+			}
+			late, err := idem.Do(ctx, db, "k-1", ledgerHash, work, idem.WithReplayed(&replayed))
+			if err != nil || !replayed || late != first {
+				t.Fatalf("replay of a key past its expires_at, within completed_at + TTL: %d, replayed %v, %v; want %d replayed", late, replayed, err, first)
+			}
+			lateTrips := c.take()
+
 			t.Logf("bare transaction: %s", show(bareTrips))
 			t.Logf("first execution:  %s", show(firstTrips))
 			t.Logf("replay:           %s", show(replayTrips))
@@ -135,6 +148,10 @@ func TestRoundTrips(t *testing.T) {
 			if len(replayTrips) != 1 {
 				t.Errorf("a replay took %d round trips, want 1 (a failed assertion ends the pipeline without a ROLLBACK): %s",
 					len(replayTrips), show(replayTrips))
+			}
+			if len(lateTrips) != 1 {
+				t.Errorf("the replay of a key that completed after its expires_at took %d round trips, want 1 (does the claim see it as live, by completed_at + TTL?): %s",
+					len(lateTrips), show(lateTrips))
 			}
 		})
 	}
