@@ -122,3 +122,33 @@ func TestFingerprintParts(t *testing.T) {
 		t.Fatalf("POST and PATCH fingerprint alike: %s, %s (%v)", h1, h2, err)
 	}
 }
+
+// Only the headers on the replay list are stored: a cookie or a request id
+// reaches the client on the first response and is never kept at rest.
+func TestOnlyReplayHeadersAreStored(t *testing.T) {
+	t.Parallel()
+	a := newConfigured(t, &idemhttp.Config{ReplayHeaders: []string{"X-Charge-Amount"}}, func(mux *http.ServeMux, a *app) {
+		mux.HandleFunc("POST /login", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Set-Cookie", "session=s3cr3t-cookie")
+			w.Header().Set("X-Request-Id", "req-s3cr3t")
+			w.Header().Set("X-Charge-Amount", "100")
+			w.Header().Set("Location", "/sessions/1")
+			w.WriteHeader(http.StatusCreated)
+		})
+	})
+	first := a.send(http.MethodPost, "/login", "k", nil)
+	if first.Header().Get("Set-Cookie") == "" || first.Header().Get("X-Request-Id") == "" {
+		t.Fatal("the first response lost the handler's headers")
+	}
+	if n := a.count(t, "select count(*) from idempotency_keys where position('s3cr3t' in encode(response, 'escape')) > 0"); n != 0 {
+		t.Fatal("a header outside the replay list was stored")
+	}
+	if n := a.count(t, "select count(*) from idempotency_keys where position('/sessions/1' in encode(response, 'escape')) > 0 and position('X-Charge-Amount' in encode(response, 'escape')) > 0"); n != 1 {
+		t.Fatal("the replay headers were not stored")
+	}
+	replay := a.send(http.MethodPost, "/login", "k", nil)
+	wantReplayed(t, replay, true)
+	if replay.Header().Get("Location") != "/sessions/1" || replay.Header().Get("X-Charge-Amount") != "100" || replay.Header().Get("Set-Cookie") != "" {
+		t.Fatalf("replayed headers %v", replay.Header())
+	}
+}
