@@ -224,14 +224,20 @@ func TestConcurrentSameKey(t *testing.T) {
 		wg        sync.WaitGroup
 		responses [n]*httptest.ResponseRecorder
 	)
+	// Bounded: every request is answered at once, 409 or a replay.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*contentionBound)
+	defer cancel()
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			responses[i] = a.post("race", 100)
+			responses[i] = a.postBounded(ctx, "race", 100)
 		})
 	}
 	close(start)
 	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("%d requests on one key were not all answered within %v", n, 3*contentionBound)
+	}
 
 	var created []*httptest.ResponseRecorder
 	fresh := 0

@@ -20,16 +20,23 @@ import (
 // context ends and the test fails within seconds, saying why.
 const contentionBound = 10 * time.Second
 
-// postContended is post for a request whose key another request holds.
-func (a *app) postContended(t *testing.T, key string, amount int) *httptest.ResponseRecorder {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), contentionBound)
-	defer cancel()
+// postBounded is post with a context: the request's, which the middleware
+// honours until the handler starts.
+func (a *app) postBounded(ctx context.Context, key string, amount int) *httptest.ResponseRecorder {
 	body, _ := json.Marshal(chargeRequest{Amount: amount})
 	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/charges", bytes.NewReader(body))
 	r.Header.Set(idemhttp.HeaderKey, key)
 	w := httptest.NewRecorder()
 	a.handler.ServeHTTP(w, r)
+	return w
+}
+
+// postContended is post for a request whose key another request holds.
+func (a *app) postContended(t *testing.T, key string, amount int) *httptest.ResponseRecorder {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), contentionBound)
+	defer cancel()
+	w := a.postBounded(ctx, key, amount)
 	if ctx.Err() != nil {
 		t.Fatalf("a request whose key was held was not answered within %v (status %d): it waited for the holder instead of answering 409 at once", contentionBound, w.Code)
 	}
