@@ -107,12 +107,17 @@ func TestForgetLeavesAKeyBeingClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	release, releaseHolder := holderRelease(t)
+	entered := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { <-release; return 2, nil })
+		_, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil })
 		done <- err
 	}()
-	waitForLock(t, s)
+	select { // inside fn, the claim holds the old row's lock
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("the claim of the expired key: %v", err)
+	}
 	ok, err := keys.Forget(contended(t), "", "k")
 	releaseHolder()
 	if !errors.Is(err, idem.ErrInProgress) || ok {

@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -74,7 +75,11 @@ func TestSweepKeepsLiveKeys(t *testing.T) {
 		}
 		left := s.count("SELECT count(*) FROM idempotency_keys WHERE idempotency_key = $1", r.key) == 1
 		if left == r.swept {
-			t.Errorf("%s (created %v ago, completed %v ago (negative: in progress), TTL 1h): swept %v, want %v", r.key, r.created, r.completed, !left, r.swept)
+			completed := fmt.Sprintf("completed %v ago", r.completed)
+			if r.completed < 0 {
+				completed = "in progress"
+			}
+			t.Errorf("%s (created %v ago, %s, TTL 1h): swept %v, want %v", r.key, r.created, completed, !left, r.swept)
 		}
 	}
 	if deleted != int64(want) {
@@ -112,12 +117,19 @@ func TestSweepSkipsKeysBeingClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	release, releaseHolder := holderRelease(t)
+	entered := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { <-release; return 2, nil })
+		_, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil })
 		done <- err
 	}()
-	waitForLock(t, s) // the claim holds the expired row, replaced but not committed
+	// Inside fn the claim has replaced the expired row, uncommitted. (The
+	// key's advisory lock shows earlier, while the claim still runs.)
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("the claim of the expired key: %v", err)
+	}
 
 	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
