@@ -23,4 +23,4 @@ git init -q
 exclude=$(cd idem && ls *.go | grep -v _test.go | sed 's/\.go$//' | grep -Ev "^(${files})$" | paste -sd'|')
 echo "gremlins $version on idem/{${files}}.go (scratch copy $scratch)"
 go run "github.com/go-gremlins/gremlins/cmd/gremlins@${version}" unleash ./idem \
-  --workers 1 --timeout-coefficient 60 -E "(^|/)(${exclude})\.go$"
+  --workers 1 --timeout-coefficient 15 -E "(^|/)(${exclude})\.go$"
