@@ -42,3 +42,35 @@ func TestCanonicalJSONRangeEdges(t *testing.T) {
 		}
 	}
 }
+
+// The spelling of numbers at each edge where it changes form (plain or
+// scientific, one or two exponent digits) is pinned: request hashes are
+// stored, so a respelling would turn every retry after an upgrade into a
+// mismatch.
+func TestCanonicalJSONNumberEdges(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{`1.5e-9`, `1.5e-09`},
+		{`1.5e-10`, `1.5e-10`},
+		{`1.2345678901e9`, `1.2345678901e+09`},
+		{`1.23456789012e10`, `1.23456789012e+10`},
+		{`1e20`, `100000000000000000000`},
+		{`12345678901234567890e1`, `123456789012345678900`},
+		{`1e21`, `1e+21`},
+		{`123456.5`, `123456.5`},
+		{`1234567.5`, `1.2345675e+06`},
+		{`0.0001`, `0.0001`},
+		{`0.00012345`, `0.00012345`},
+		{`0.00001`, `1e-05`},
+		{`-0.0`, `0`},
+		{`1.5e99`, `1.5e+99`},
+		{`1.5e100`, `1.5e+100`},
+		{`2.5e-99`, `2.5e-99`},
+		{`2.5e-100`, `2.5e-100`},
+	} {
+		got, err := idem.CanonicalJSON([]byte(tc.in))
+		if err != nil || string(got) != tc.want {
+			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+}
