@@ -16,7 +16,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test settle-test demo bench loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test settle-test demo bench loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -82,6 +82,12 @@ partition-experiment: ## How long PostgreSQL keeps a silent client's transaction
 
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh
+
+mutate: postgres ## Put each deliberate bug of scripts/mutations/mutations.txt into a scratch copy; the tests must catch every one.
+	$(GO) run ./cmd/idem-mutate $(MUTATE_FLAGS)
+
+mutate-broad: postgres ## Gremlins' generated mutations of idem's pure logic (keys, hashes, canonical JSON), in a scratch copy.
+	@./scripts/mutate-broad.sh
 
 fuzz: ## Run each fuzz target of every module for FUZZTIME (default 10s).
 	@for m in $(MODULES); do (cd $$m && $(CURDIR)/scripts/fuzz.sh $(FUZZTIME)) || exit 1; done

@@ -188,18 +188,20 @@ func TestInProgress(t *testing.T) {
 	a := newApp(t, idemhttp.WithRetryAfter(2500*time.Millisecond))
 	a.gate = make(chan struct{})
 	a.entered = make(chan struct{}, 1)
+	openGate := sync.OnceFunc(func() { close(a.gate) })
+	defer openGate() // on failure too: the first request holds a connection
 
-	done := make(chan *httptest.ResponseRecorder)
+	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() { done <- a.post("slow", 100) }()
 	<-a.entered
 	a.entered = nil // read by the first request only, before it signalled
 
-	busy := a.post("slow", 100)
+	busy := a.postContended(t, "slow", 100)
 	wantProblem(t, busy, http.StatusConflict, idemhttp.ProblemInProgress)
 	if got := busy.Header().Get("Retry-After"); got != "3" {
 		t.Fatalf("Retry-After %q, want 3 (2.5s rounded up)", got)
 	}
-	close(a.gate)
+	openGate()
 	first := <-done
 	wantStatus(t, first, http.StatusCreated)
 
@@ -222,14 +224,20 @@ func TestConcurrentSameKey(t *testing.T) {
 		wg        sync.WaitGroup
 		responses [n]*httptest.ResponseRecorder
 	)
+	// Bounded: every request is answered at once, 409 or a replay.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*contentionBound)
+	defer cancel()
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			responses[i] = a.post("race", 100)
+			responses[i] = a.postBounded(ctx, "race", 100)
 		})
 	}
 	close(start)
 	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("%d requests on one key were not all answered within %v", n, 3*contentionBound)
+	}
 
 	var created []*httptest.ResponseRecorder
 	fresh := 0

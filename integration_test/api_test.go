@@ -154,7 +154,7 @@ func TestRunReportsOutcomeConcurrently(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	var runs atomic.Int64
-	release := make(chan struct{})
+	release, releaseHolder := holderRelease(t)
 	fn := func(ctx context.Context, tx pgx.Tx) (int, error) {
 		runs.Add(1)
 		select {
@@ -183,7 +183,7 @@ func TestRunReportsOutcomeConcurrently(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(release)
+	releaseHolder()
 	if o := <-first; o != idem.OutcomeExecuted {
 		t.Fatalf("first call: %v", o)
 	}
@@ -215,7 +215,7 @@ func waitForLock(t *testing.T, s *setup) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatal("no key was claimed within 10s")
+	t.Fatal("no key's advisory lock was taken within 10s: does the claim still take it?")
 }
 
 type withUnexported struct {
@@ -310,7 +310,7 @@ func TestLockIgnoresTableSpelling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
+	release, releaseHolder := holderRelease(t)
 	done := make(chan error, 1)
 	go func() {
 		_, err := idem.Do(context.Background(), plain, "k", "h", func(pgx.Tx) (int, error) { <-release; return 1, nil })
@@ -320,7 +320,7 @@ func TestLockIgnoresTableSpelling(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err = idem.Do(ctx, qualified, "k", "h", func(pgx.Tx) (int, error) { return 2, nil })
-	close(release)
+	releaseHolder()
 	if !errors.Is(err, idem.ErrInProgress) {
 		t.Fatalf("the duplicate through public.idempotency_keys: %v, want ErrInProgress at once (a wait on the row would end at the 5s deadline)", err)
 	}
@@ -462,7 +462,7 @@ func TestLookupAndForget(t *testing.T) {
 
 	// A key in progress shows as such, and cannot be forgotten under its
 	// holder.
-	release := make(chan struct{})
+	release, releaseHolder := holderRelease(t)
 	done := make(chan error, 1)
 	go func() {
 		_, err := idem.Do(tenant, keys, "busy", "h", func(pgx.Tx) (int, error) { <-release; return 1, nil })
@@ -475,7 +475,7 @@ func TestLookupAndForget(t *testing.T) {
 	if _, err := keys.Forget(ctx, "t1", "busy"); !errors.Is(err, idem.ErrInProgress) {
 		t.Fatalf("Forget of a key in progress: %v", err)
 	}
-	close(release)
+	releaseHolder()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -134,6 +134,8 @@ func TestInProgressAnswersAtOnce(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 		ctx := context.Background()
 		entered, release := make(chan struct{}), make(chan struct{})
+		releaseHolder := sync.OnceFunc(func() { close(release) })
+		defer releaseHolder() // on failure too: the holder keeps a connection
 		holderErr := make(chan error, 1)
 		go func() {
 			_, err := idem.Do(ctx, s.pool, "k-busy", "h", func(tx pgx.Tx) (int, error) {
@@ -145,16 +147,13 @@ func TestInProgressAnswersAtOnce(t *testing.T) {
 		}()
 		<-entered
 		runs := 0
-		bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		var err error
 		v.with(t, s.pool, func(db idem.Beginner) {
-			_, err = idem.Do(bounded, db, "k-busy", "h", chargeFn(ctx, 1, &runs))
+			_, err := idem.Do(contended(t), db, "k-busy", "h", chargeFn(ctx, 1, &runs))
+			if !errors.Is(err, idem.ErrInProgress) || !idem.Retryable(err) {
+				t.Errorf("err = %v, want ErrInProgress (retryable) while the holder runs%s", err, waitedForHolder(err))
+			}
 		})
-		close(release)
-		if !errors.Is(err, idem.ErrInProgress) || !idem.Retryable(err) {
-			t.Fatalf("err = %v, want ErrInProgress (retryable) while the holder runs", err)
-		}
+		releaseHolder()
 		if err := <-holderErr; err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +170,7 @@ func TestInProgressAnswersAtOnce(t *testing.T) {
 func TestStormOnOneKey(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, func(c *pgxpool.Config) { c.MaxConns = 16 })
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), stormBound)
 	defer cancel()
 	const n = 64
 	var (
@@ -213,7 +212,7 @@ func TestStormOnOneKey(t *testing.T) {
 				inFlight++
 				returned <- struct{}{}
 			default:
-				t.Errorf("unexpected error: %v", err)
+				t.Errorf("unexpected error: %v%s", err, waitedForHolder(err))
 			}
 		}()
 	}
@@ -697,13 +696,14 @@ func TestOuterTransactionHoldsKeyUntilCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) // on failure: the pool closes only once the connection is back
 	runs := 0
 	first, err := idem.Do(ctx, tx, "k-outer", "h", chargeFn(ctx, 4, &runs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idem.Do(ctx, s.pool, "k-outer", "h", chargeFn(ctx, 4, &runs)); !errors.Is(err, idem.ErrInProgress) {
-		t.Fatalf("err = %v, want ErrInProgress while the outer transaction is open", err)
+	if _, err := idem.Do(contended(t), s.pool, "k-outer", "h", chargeFn(ctx, 4, &runs)); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("err = %v, want ErrInProgress while the outer transaction is open%s", err, waitedForHolder(err))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -68,11 +68,11 @@ func TestIsolationContract(t *testing.T) {
 					}, level)
 				}()
 				<-started
-				_, err := idem.Do(ctx, pool, "k-busy", ledgerHash, work, level)
+				_, err := idem.Do(contended(t), pool, "k-busy", ledgerHash, work, level)
 				close(release)
 				<-done
 				if !errors.Is(err, idem.ErrInProgress) || !idem.Retryable(err) {
-					t.Fatalf("while the first call runs: %v, want ErrInProgress", err)
+					t.Fatalf("while the first call runs: %v, want ErrInProgress%s", err, waitedForHolder(err))
 				}
 				if firstErr != nil {
 					t.Fatal(firstErr)
@@ -90,14 +90,16 @@ func TestIsolationContract(t *testing.T) {
 				// The first fn to run holds the key until every other
 				// goroutine has been turned away once, so all 32 contend.
 				allTurnedAway := make(chan struct{})
-				charge := chargeWork(ctx, "k-storm", 3, 100, &runs)
+				storm, cancel := context.WithTimeout(ctx, stormBound)
+				defer cancel()
+				charge := chargeWork(storm, "k-storm", 3, 100, &runs)
 				work := func(tx pgx.Tx) (receipt, error) {
 					r, err := charge(tx)
 					if runs.Load() == 1 {
 						select {
 						case <-allTurnedAway:
-						case <-time.After(time.Minute):
-							return r, errors.New("the other goroutines never called")
+						case <-storm.Done():
+							return r, errors.New("the other goroutines were not all turned away while the key was held")
 						}
 					}
 					return r, err
@@ -112,7 +114,7 @@ func TestIsolationContract(t *testing.T) {
 						<-start
 						for attempt := 1; ; attempt++ {
 							calls.Add(1)
-							r, err := idem.Do(ctx, pool, "k-storm", ledgerHash, work, level)
+							r, err := idem.Do(storm, pool, "k-storm", ledgerHash, work, level)
 							if err == nil {
 								answers[g] = r
 								return
@@ -126,8 +128,8 @@ func TestIsolationContract(t *testing.T) {
 							case pgCode(err) == pgerrcode.SerializationFailure:
 								serialization.Add(1)
 							}
-							if !idem.Retryable(err) || attempt == 10000 {
-								t.Errorf("goroutine %d, call %d: %v", g, attempt, err)
+							if !idem.Retryable(err) || attempt == 10000 || storm.Err() != nil {
+								t.Errorf("goroutine %d, call %d: %v%s", g, attempt, err, waitedForHolder(err))
 								return
 							}
 							time.Sleep(time.Millisecond)

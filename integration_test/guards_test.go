@@ -1,0 +1,132 @@
+package integration_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/idem"
+)
+
+// A row left 'in_progress' by a commit it should never have had (fn or an
+// operator wrote it; no transaction holds its key) counts as absent: the
+// next call runs fn and replaces it in place, on every path.
+func TestCommittedInProgressRowIsReplaced(t *testing.T) {
+	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
+		ctx := context.Background()
+		if _, err := s.pool.Exec(ctx, `INSERT INTO idempotency_keys
+			(scope, idempotency_key, request_hash, status, created_at, expires_at)
+			VALUES ('', 'k-left', 'other-hash', 'in_progress', now(), now() + interval '1 day')`); err != nil {
+			t.Fatal(err)
+		}
+		runs := 0
+		got, err := do(t, s, v, "k-left", "h", chargeFn(ctx, 3, &runs))
+		if err != nil || runs != 1 {
+			t.Fatalf("a committed in_progress row: %v, fn ran %d times; want fn to run", err, runs)
+		}
+		again, err := do(t, s, v, "k-left", "h", chargeFn(ctx, 3, &runs))
+		if err != nil || again != got || runs != 1 {
+			t.Fatalf("the retry: %+v, %v, runs %d; want a replay of %+v", again, err, runs, got)
+		}
+		if s.count("SELECT count(*) FROM idempotency_keys") != 1 || s.keys("completed") != 1 {
+			t.Fatal("the row was not replaced in place")
+		}
+	})
+}
+
+// A sealed result copied to another key's row is refused even by a Sealer
+// that binds no additional data of its own (xorSealer): the envelope names
+// the scope and key it was sealed for.
+func TestEnvelopeNamesItsKey(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	keys, err := idem.NewClient(s.pool, &idem.Config{Sealer: xorSealer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, result := range map[string]string{"alice-order": "alice's receipt", "bob-order": "bob's receipt"} {
+		if _, err := idem.Do(ctx, keys, key, "h", func(pgx.Tx) (string, error) { return result, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE idempotency_keys AS d SET response = p.response
+		FROM idempotency_keys AS p WHERE p.idempotency_key = 'alice-order' AND d.idempotency_key = 'bob-order'`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := idem.Do(ctx, keys, "bob-order", "h", func(pgx.Tx) (string, error) { return "ran again", nil })
+	if !errors.Is(err, idem.ErrCorruptRecord) {
+		t.Fatalf("bob's key with alice's sealed result: %q, %v; want ErrCorruptRecord", got, err)
+	}
+	if got, err := idem.Do(ctx, keys, "alice-order", "h", func(pgx.Tx) (string, error) { return "ran again", nil }); err != nil || got != "alice's receipt" {
+		t.Fatalf("the untouched key: %q, %v", got, err)
+	}
+}
+
+// Wrap's stored scope separates the operation from the caller's scope, so
+// no two (operation, scope) pairs share keys, however their text splits.
+func TestWrapScopesSplitUnambiguously(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	result := func(name string) func(context.Context, pgx.Tx, int) (string, error) {
+		return func(context.Context, pgx.Tx, int) (string, error) { return name, nil }
+	}
+	scoped := func(scope string) context.Context { return idem.ContextWithScope(context.Background(), scope) }
+	ab, err := idem.Wrap(s.pool, "ab", result("operation ab, scope c"))(scoped("c"), "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := idem.Wrap(s.pool, "a", result("operation a, scope bc"))(scoped("bc"), "k", 1)
+	if err != nil || a == ab {
+		t.Fatalf(`Wrap("a") in scope "bc" got %q (%v); Wrap("ab") in scope "c" stored %q`, a, err, ab)
+	}
+	x, _ := idem.WrapScope("ab", "c")
+	y, _ := idem.WrapScope("a", "bc")
+	if x == y {
+		t.Fatalf("WrapScope(ab, c) = WrapScope(a, bc) = %q", x)
+	}
+}
+
+// Forget leaves a key in progress alone and answers at once, even when the
+// key's old row is visible: an expired key that a call is claiming anew
+// (the claim holds the old row's lock until it commits).
+func TestForgetLeavesAKeyBeingClaimed(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	keys, err := idem.NewClient(s.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET created_at = created_at - interval '2 days', expires_at = expires_at - interval '2 days', completed_at = completed_at - interval '2 days'"); err != nil {
+		t.Fatal(err)
+	}
+	release, releaseHolder := holderRelease(t)
+	entered := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil })
+		done <- err
+	}()
+	select { // inside fn, the claim holds the old row's lock
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("the claim of the expired key: %v", err)
+	}
+	ok, err := keys.Forget(contended(t), "", "k")
+	releaseHolder()
+	if !errors.Is(err, idem.ErrInProgress) || ok {
+		t.Fatalf("Forget of a key being claimed: %v, %v; want ErrInProgress at once%s", ok, err, waitedForHolder(err))
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 3, nil }); err != nil || got != 2 {
+		t.Fatalf("after the claim committed: %d, %v; want its result 2 replayed (Forget must not have deleted it)", got, err)
+	}
+}

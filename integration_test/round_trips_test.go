@@ -1,0 +1,166 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/faultproxy"
+)
+
+// tripCounter counts the round trips a client starts, as the fault proxy
+// sees them on the wire: every Sync of the extended protocol and every
+// simple Query ends a request the client then waits on. A pool's liveness
+// ping ("-- ping", sent when a connection idled for a second) is not the
+// call's and is left out.
+type tripCounter struct {
+	mu    sync.Mutex
+	trips []string
+}
+
+func (c *tripCounter) rule() faultproxy.Rule {
+	var pending []string // SQL of the messages since the last Sync
+	return func(m faultproxy.Message) faultproxy.Action {
+		if !m.FromClient {
+			return faultproxy.Pass
+		}
+		switch m.Type {
+		case 'P', 'B':
+			if m.SQL != "" && (len(pending) == 0 || pending[len(pending)-1] != m.SQL) {
+				pending = append(pending, abbreviateSQL(m.SQL))
+			}
+		case 'S':
+			c.add(strings.Join(pending, "; "))
+			pending = nil
+		case 'Q':
+			if strings.TrimSpace(m.SQL) != "-- ping" {
+				c.add(abbreviateSQL(m.SQL))
+			}
+		}
+		return faultproxy.Pass
+	}
+}
+
+func (c *tripCounter) add(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips = append(c.trips, what)
+}
+
+// take returns the round trips counted since the last take.
+func (c *tripCounter) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.trips
+	c.trips = nil
+	return t
+}
+
+func abbreviateSQL(sql string) string {
+	sql = strings.Join(strings.Fields(faultproxy.StripComments(sql)), " ")
+	if len(sql) > 40 {
+		sql = sql[:40] + "…"
+	}
+	return sql
+}
+
+// TestRoundTrips holds the performance promise on the wire: on a pool or a
+// connection, a first execution costs the round trips of the bare
+// transaction doing the same work (the claim travels with BEGIN, the stored
+// result with COMMIT), and a replay is one round trip: the failed assertion
+// ends the pipeline, so no ROLLBACK follows.
+func TestRoundTrips(t *testing.T) {
+	for _, path := range []string{"pool", "conn"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			l := newLedger(t)
+			ctx := context.Background()
+			var db idem.Beginner
+			if path == "pool" {
+				db = l.pool(func(c *pgxpool.Config) { c.MaxConns = 1 })
+			} else {
+				db = l.conn()
+			}
+			work := func(tx pgx.Tx) (int64, error) {
+				var balance int64
+				err := tx.QueryRow(ctx, "update accounts set balance = balance + $1 where id = $2 returning balance", 1, 7).Scan(&balance)
+				return balance, err
+			}
+			bare := func() error {
+				return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { _, err := work(tx); return err })
+			}
+			// Warm the connection: the first use of each statement prepares it.
+			if err := bare(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := idem.Do(ctx, db, "k-warm", ledgerHash, work); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := idem.Do(ctx, db, "k-warm", ledgerHash, work); err != nil {
+				t.Fatal(err)
+			}
+
+			var c tripCounter
+			l.proxy.SetRule(c.rule())
+			defer l.proxy.SetRule(nil)
+			if err := bare(); err != nil {
+				t.Fatal(err)
+			}
+			bareTrips := c.take()
+			first, err := idem.Do(ctx, db, "k-1", ledgerHash, work)
+			if err != nil {
+				t.Fatal(err)
+			}
+			firstTrips := c.take()
+			var replayed bool
+			again, err := idem.Do(ctx, db, "k-1", ledgerHash, work, idem.WithReplayed(&replayed))
+			if err != nil || !replayed || again != first {
+				t.Fatalf("replay: %d, replayed %v, %v; want %d replayed", again, replayed, err, first)
+			}
+			replayTrips := c.take()
+
+			// A key that completed long after its claim lives until
+			// completed_at + TTL, past its expires_at: its replay is a pure
+			// read too, answered from the claim's own snapshot.
+			if _, err := l.admin.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '25 hours',
+				expires_at = now() - interval '1 hour', completed_at = now() - interval '1 minute' WHERE idempotency_key = 'k-1'`); err != nil {
+				t.Fatal(err)
+			}
+			late, err := idem.Do(ctx, db, "k-1", ledgerHash, work, idem.WithReplayed(&replayed))
+			if err != nil || !replayed || late != first {
+				t.Fatalf("replay of a key past its expires_at, within completed_at + TTL: %d, replayed %v, %v; want %d replayed", late, replayed, err, first)
+			}
+			lateTrips := c.take()
+
+			t.Logf("bare transaction: %s", show(bareTrips))
+			t.Logf("first execution:  %s", show(firstTrips))
+			t.Logf("replay:           %s", show(replayTrips))
+			if len(firstTrips) != len(bareTrips) {
+				t.Errorf("a first execution took %d round trips, the bare transaction %d:\n  Do:   %s\n  bare: %s",
+					len(firstTrips), len(bareTrips), show(firstTrips), show(bareTrips))
+			}
+			if len(replayTrips) != 1 {
+				t.Errorf("a replay took %d round trips, want 1 (a failed assertion ends the pipeline without a ROLLBACK): %s",
+					len(replayTrips), show(replayTrips))
+			}
+			if len(lateTrips) != 1 {
+				t.Errorf("the replay of a key that completed after its expires_at took %d round trips, want 1 (does the claim see it as live, by completed_at + TTL?): %s",
+					len(lateTrips), show(lateTrips))
+			}
+		})
+	}
+}
+
+func show(trips []string) string {
+	var b strings.Builder
+	for i, t := range trips {
+		fmt.Fprintf(&b, "[%d] %s  ", i+1, t)
+	}
+	return b.String()
+}
