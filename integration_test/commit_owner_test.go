@@ -71,7 +71,7 @@ func TestCommitOwnerClassifiesLostAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	defer tx.Rollback(ctx)
 	_, err = idem.Do(ctx, lossyOuter{tx}, "k-outer", "h", chargeFn(ctx, 1, &runs))
 	if err == nil || errors.Is(err, idem.ErrOutcomeUnknown) {
 		t.Fatalf("the savepoint's release lost its answer inside an outer transaction: %v; want a plain error (the caller owns COMMIT), never ErrOutcomeUnknown", err)

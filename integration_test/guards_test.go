@@ -30,8 +30,15 @@ func TestCommittedInProgressRowIsReplaced(t *testing.T) {
 		if err != nil || again != got || runs != 1 {
 			t.Fatalf("the retry: %+v, %v, runs %d; want a replay of %+v", again, err, runs, got)
 		}
-		if s.count("SELECT count(*) FROM idempotency_keys") != 1 || s.keys("completed") != 1 {
-			t.Fatal("the row was not replaced in place")
+		// The plain table replaces the row in place. On the partitioned one
+		// the primary key holds created_at, so the claim adds a row beside
+		// the stale one, which stays in progress and is never live.
+		rows := 1
+		if s.layout.name == partitioned.name {
+			rows = 2
+		}
+		if s.count("SELECT count(*) FROM idempotency_keys") != rows || s.keys("completed") != 1 {
+			t.Fatalf("%d key rows, %d completed; want %d and 1", s.count("SELECT count(*) FROM idempotency_keys"), s.keys("completed"), rows)
 		}
 	})
 }
