@@ -173,7 +173,7 @@ func mutate(o options) error {
 		logFile := filepath.Join(logs, "baseline.txt")
 		_ = os.WriteFile(logFile, out, 0o644)
 		if err != nil {
-			return fmt.Errorf("the unmutated code fails its tests (%v; see %s): fix that first", err, logFile)
+			return fmt.Errorf("the unmutated code fails its tests (see %s): fix that first: %w", logFile, err)
 		}
 		fmt.Printf("baseline passed in %s\n", time.Since(start).Round(time.Second))
 	}
@@ -295,7 +295,7 @@ func printTable(w io.Writer, results []result) {
 }
 
 func repoRoot() (string, error) {
-	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	out, err := exec.CommandContext(context.Background(), "git", "rev-parse", "--show-toplevel").Output()
 	if err != nil {
 		return "", fmt.Errorf("find the repository root (run inside the repository): %w", err)
 	}
@@ -305,7 +305,7 @@ func repoRoot() (string, error) {
 // copyRepo copies the working tree's files, as git sees them (tracked, and
 // untracked unless ignored), from root to dst.
 func copyRepo(root, dst string) error {
-	out, err := exec.Command("git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
+	out, err := exec.CommandContext(context.Background(), "git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
 	if err != nil {
 		return fmt.Errorf("list the repository's files: %w", err)
 	}
