@@ -101,6 +101,7 @@ type paymentsService struct {
 
 	// What finish found.
 	replays    map[opKey]opResult // the last replay of every answered key
+	replayTook time.Duration      // how long sending every key again took
 	lastAnswer time.Time
 	settled    time.Duration // from the last answer until every payment was settled
 	settleErr  error
@@ -319,6 +320,7 @@ func (s *paymentsService) finish(ctx context.Context, dbURL string, a *apps, res
 		wg sync.WaitGroup
 	)
 	s.replays = make(map[opKey]opResult, len(keys))
+	began := time.Now()
 	for c := range s.p.clients {
 		wg.Go(func() {
 			for k := range next {
@@ -334,6 +336,7 @@ func (s *paymentsService) finish(ctx context.Context, dbURL string, a *apps, res
 	}
 	close(next)
 	wg.Wait()
+	s.replayTook = time.Since(began)
 
 	if s.procURL == "" {
 		return

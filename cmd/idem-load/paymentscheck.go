@@ -221,6 +221,7 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 	if n := fig.keysByStatus["in_progress"]; n > 0 {
 		fig.violate("%d keys left in_progress", n)
 	}
+	var low payAccount
 	lowFinal := int64(-1)
 	for _, acc := range s.principals {
 		b, ok := balances[acc.id]
@@ -233,7 +234,7 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 			fig.violate("account %d: balance %d", acc.id, b)
 		}
 		if acc.low {
-			lowFinal = b
+			low, lowFinal = acc, b
 		}
 	}
 
@@ -246,8 +247,8 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 	fig.rows = append(fig.rows, fig.keyRows()...)
 	fig.rows = append(fig.rows,
 		figure{"accounts checked", len(s.principals)},
-		figure{"  the low account's final balance", lowFinal},
-		figure{"keys sent again at the end, replayed equal", fmt.Sprintf("%d of %d", lastReplayed, len(answers))})
+		figure{"  the low account: opening / final balance", fmt.Sprintf("%d / %d", low.start, lowFinal)},
+		figure{"keys sent again at the end, replayed equal", fmt.Sprintf("%d of %d (in %v)", lastReplayed, len(answers), s.replayTook.Round(100*time.Millisecond))})
 	fig.ok = "every payment answered, each 201 committed exactly once with the answer and balance every client got, each 402 stored with no payment, balances exact, no key in progress, every key replayed at the end"
 
 	if s.procURL != "" {
