@@ -71,8 +71,8 @@ bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops 
 loadtest: postgres ## Several processes, 100k+ operations, reconciled from the database.
 	$(GO) run ./cmd/idem-load
 
-crashtest: ## Kill the application and crash PostgreSQL under retrying clients (own cluster on :54329; root).
-	./scripts/crashtest.sh $(CRASHTEST_ARGS)
+crashtest: ## Kill the services and crash PostgreSQL under retrying clients: idem-load's app, then the payments example (CRASHTEST_SERVICES; own cluster on :54329; root).
+	IDEM_CRASH_SERVICES="$(CRASHTEST_SERVICES)" ./scripts/crashtest.sh $(CRASHTEST_ARGS)
 
 failover-test: ## Promote an asynchronous standby under load (own clusters on :54330/:54331; root).
 	./scripts/failover-test.sh $(FAILOVER_ARGS)

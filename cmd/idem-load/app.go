@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -131,4 +134,95 @@ func appMain(dbURL, listen string) {
 		fmt.Fprintln(os.Stderr, "idem-load app:", err)
 		os.Exit(1)
 	}
+}
+
+// libApp is the crash test's built-in application: idem-load itself with
+// -app, each process an HTTP service of POST /ops through idemhttp.
+type libApp struct {
+	self string // idem-load's executable
+	p    plan
+}
+
+func (l *libApp) describe() string    { return "the built-in idemhttp application" }
+func (l *libApp) businessSQL() string { return crashSQL }
+
+// launch starts an application process and waits for its "listening"
+// line.
+func (l *libApp) launch(dbURL, addr string) (*process, string, error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	// The application lives until it is killed or the run ends; no context
+	// of the caller's governs it.
+	cmd := exec.CommandContext(context.Background(), l.self, "-app", "-worker-url="+dbURL, "-listen="+addr)
+	cmd.Stderr = os.Stderr
+	out, w, err := os.Pipe()
+	if err != nil {
+		return nil, "", err
+	}
+	cmd.Stdout = w
+	proc, err := startProcess(cmd)
+	_ = w.Close() // the child has its own copy
+	if err != nil {
+		_ = out.Close()
+		return nil, "", err
+	}
+	got := make(chan string, 1)
+	go func() {
+		defer out.Close()
+		lines := bufio.NewScanner(out)
+		if lines.Scan() {
+			got <- lines.Text()
+		}
+		close(got)
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case line := <-got:
+		listening, ok := strings.CutPrefix(line, "listening ")
+		if !ok {
+			proc.kill()
+			return nil, "", fmt.Errorf("said %q", line)
+		}
+		return proc, listening, nil
+	case <-time.After(time.Minute):
+		proc.kill()
+		return nil, "", errors.New("did not listen within a minute")
+	}
+}
+
+func (l *libApp) prepare(context.Context, *apps) error { return nil }
+
+func (l *libApp) freshKey(c, i int) opKey { return opKey{key: l.p.freshKey(0, c, i)} }
+
+func (l *libApp) request(ctx context.Context, addr string, k opKey) (*http.Request, error) {
+	body, _ := json.Marshal(opRequest{Account: accountOf(k.key), Amount: amountOf(k.key)})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/ops", unrewindable(body))
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = int64(len(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", k.key)
+	return req, nil
+}
+
+func (l *libApp) final(status int) bool { return status == http.StatusCreated }
+
+func (l *libApp) finish(context.Context, string, *apps, [][]opResult) {}
+
+// reconcile decodes each answer and checks them against the ledger.
+func (l *libApp) reconcile(ctx context.Context, dbURL string, results [][]opResult, fig *crashFigures) error {
+	for _, rs := range results {
+		for i := range rs {
+			r := &rs[i]
+			if r.err != "" {
+				continue
+			}
+			if err := json.Unmarshal(r.body, &r.entry); err != nil {
+				fig.violate("%s: undecodable answer %q: %v", r.opKey, r.body, err)
+			}
+		}
+	}
+	return reconcileCrash(ctx, dbURL, results, fig)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -28,11 +27,12 @@ import (
 // exactly once with the answer every client got, the balances exact and no
 // key left in progress.
 //
-// The pieces are kept apart so that another service can take the
-// application's place: the apps are any processes that print
-// "listening <addr>" and serve the operation over HTTP; the clients only
-// need a request per operation and a way to read the answer; the
-// reconciliation reads the business tables.
+// The service is a crashService: the built-in application (libApp) or the
+// payments example (paymentsService, -payments). The run owns the
+// database, the faults, the clients and their retries and the fault
+// figures; the service says how its processes start and are known to
+// serve, what an operation's request is, which answers end it, and what
+// the database must hold afterwards.
 
 // crashPlan is the shape of a crash run, on top of plan's schedule.
 type crashPlan struct {
@@ -105,11 +105,29 @@ type faultRecord struct {
 	err  error
 }
 
+// opKey names one operation: an idempotency key and the principal that
+// sends it (its number among the service's principals, from 1; 0 for a
+// service without principals). Keys are unique per principal, as the
+// service scopes them.
+type opKey struct {
+	principal int
+	key       string
+}
+
+func (k opKey) String() string {
+	if k.principal == 0 {
+		return "key " + k.key
+	}
+	return fmt.Sprintf("key %s of principal %d", k.key, k.principal)
+}
+
 // opResult is one operation as its client saw it, through every attempt.
 type opResult struct {
 	class     string
-	key       string
-	entry     entry
+	opKey            // the operation; key is also its Idempotency-Key
+	status    int    // the final answer's status
+	body      []byte // the final answer's body
+	entry     entry  // the library application's answer, decoded from body
 	replayed  bool
 	err       string // why the client gave up; "" once answered
 	attempts  int
@@ -129,83 +147,125 @@ type opResult struct {
 // acted without its answer reaching the client.
 func (r *opResult) lostBefore() bool { return r.noAnswer > 0 || r.outcomeUnknown > 0 }
 
+// A crashService is what a crash run drives: libApp (app.go) or
+// paymentsService (payments.go).
+type crashService interface {
+	// describe names the service in the run's first line.
+	describe() string
+	// businessSQL is applied with idem's schema to the run's database; ""
+	// when the service makes its own tables.
+	businessSQL() string
+	// launch starts an application process on the database at dbURL,
+	// serving on addr ("" the first time: it picks an address), and
+	// returns it once it serves requests, with the address it serves on.
+	launch(dbURL, addr string) (*process, string, error)
+	// prepare runs once every application serves, before the clients
+	// start (the payments service's sign-ups).
+	prepare(ctx context.Context, a *apps) error
+	// freshKey is the key of client c's i-th operation when it is a new
+	// one.
+	freshKey(c, i int) opKey
+	// request is one attempt of operation k, sent to the application at
+	// addr.
+	request(ctx context.Context, addr string, k opKey) (*http.Request, error)
+	// final reports whether an answer with this status ends an operation;
+	// 409 and 503 never do, and any other status fails the run.
+	final(status int) bool
+	// finish runs after the clients and the faults, with every
+	// application serving: checks that need the service (a last replay of
+	// every key, settlement).
+	finish(ctx context.Context, dbURL string, a *apps, results [][]opResult)
+	// reconcile checks the answers (already tallied in fig) against the
+	// database at dbURL and adds its figures and violations to fig.
+	reconcile(ctx context.Context, dbURL string, results [][]opResult, fig *crashFigures) error
+}
+
+// A process is an application process of the run.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once it has exited and been reaped
+}
+
+// startProcess starts cmd and reaps it when it exits.
+func startProcess(cmd *exec.Cmd) (*process, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// kill kills the process with SIGKILL and waits until it is reaped.
+func (p *process) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// stop ends the process with SIGTERM, or SIGKILL if it is still there
+// after 30 s.
+func (p *process) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.kill()
+	}
+}
+
 // apps runs the application processes and restarts them on the same
 // addresses.
 type apps struct {
-	self, dbURL string
-	mu          sync.Mutex
-	cmds        []*exec.Cmd
-	addrs       []string
+	svc   crashService
+	dbURL string
+	mu    sync.Mutex
+	procs []*process
+	addrs []string
 }
 
-// start starts application i on its address (any free port the first
-// time) and waits until it listens.
+func newApps(svc crashService, dbURL string, n int) *apps {
+	return &apps{svc: svc, dbURL: dbURL, procs: make([]*process, n), addrs: make([]string, n)}
+}
+
+// start starts application i on its address (one the service picks the
+// first time) and waits until it serves.
 func (a *apps) start(i int) error {
-	listen := "127.0.0.1:0"
 	a.mu.Lock()
-	if a.addrs[i] != "" {
-		listen = a.addrs[i]
-	}
+	addr := a.addrs[i]
 	a.mu.Unlock()
-	// The application lives until it is killed or the run ends; no context
-	// of the caller's governs it.
-	cmd := exec.CommandContext(context.Background(), a.self, "-app", "-worker-url="+a.dbURL, "-listen="+listen)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
+	p, addr, err := a.svc.launch(a.dbURL, addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("application %d: %w", i, err)
 	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	lines := bufio.NewScanner(out)
-	got := make(chan string, 1)
-	go func() {
-		if lines.Scan() {
-			got <- lines.Text()
-		}
-		close(got)
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	select {
-	case line := <-got:
-		addr, ok := strings.CutPrefix(line, "listening ")
-		if !ok {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			return fmt.Errorf("application %d said %q", i, line)
-		}
-		a.mu.Lock()
-		a.cmds[i], a.addrs[i] = cmd, addr
-		a.mu.Unlock()
-		return nil
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fmt.Errorf("application %d did not listen within a minute", i)
-	}
+	a.mu.Lock()
+	a.procs[i], a.addrs[i] = p, addr
+	a.mu.Unlock()
+	return nil
 }
 
 // kill kills application i with SIGKILL and reaps it.
 func (a *apps) kill(i int) {
 	a.mu.Lock()
-	cmd := a.cmds[i]
+	p := a.procs[i]
 	a.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	_ = cmd.Wait()
+	p.kill()
 }
 
 // stop ends every application gracefully.
 func (a *apps) stop() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, cmd := range a.cmds {
-		if cmd != nil && cmd.ProcessState == nil {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			_ = cmd.Wait()
+	for _, p := range a.procs {
+		if p != nil {
+			p.stop()
 		}
 	}
 }
+
+func (a *apps) count() int { return len(a.addrs) }
 
 func (a *apps) addr(i int) string {
 	a.mu.Lock()
@@ -213,13 +273,14 @@ func (a *apps) addr(i int) string {
 	return a.addrs[i%len(a.addrs)]
 }
 
-// runCrash is the parent of a crash run. It returns the exit status.
-func runCrash(p plan, cp crashPlan, keep bool) int {
+// runCrash is the parent of a crash run of svc. It returns the exit
+// status.
+func runCrash(p plan, cp crashPlan, svc crashService, keep bool) int {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout+time.Minute)
 	defer cancel()
 	serverURL, adminURL := serverURLs()
 	name := fmt.Sprintf("idem_crash_%d", os.Getpid())
-	dbURL, drop, err := createDatabase(ctx, adminURL, serverURL, name, crashSQL)
+	dbURL, drop, err := createDatabase(ctx, adminURL, serverURL, name, svc.businessSQL())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idem-load:", err)
 		return 1
@@ -229,21 +290,21 @@ func runCrash(p plan, cp crashPlan, keep bool) int {
 	} else {
 		defer drop()
 	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "idem-load:", err)
-		return 1
-	}
-	a := &apps{self: self, dbURL: dbURL, cmds: make([]*exec.Cmd, cp.apps), addrs: make([]string, cp.apps)}
+	a := newApps(svc, dbURL, cp.apps)
 	defer a.stop()
+	// One at a time: the first start creates the service's tables.
 	for i := range cp.apps {
 		if err := a.start(i); err != nil {
 			fmt.Fprintln(os.Stderr, "idem-load:", err)
 			return 1
 		}
 	}
-	fmt.Printf("idem-load -crash: %d application processes, %d clients, %d operations, seed %d, faults %v, database %s\n",
-		cp.apps, p.clients, p.ops, p.seed, cp.faults, name)
+	if err := svc.prepare(ctx, a); err != nil {
+		fmt.Fprintln(os.Stderr, "idem-load:", err)
+		return 1
+	}
+	fmt.Printf("idem-load -crash: %s, %d application processes, %d clients, %d operations, seed %d, faults %v, database %s\n",
+		svc.describe(), cp.apps, p.clients, p.ops, p.seed, cp.faults, name)
 
 	began := time.Now()
 	var answered atomic.Int64
@@ -255,10 +316,7 @@ func runCrash(p plan, cp crashPlan, keep bool) int {
 	chaosWG.Go(func() { records = inject(ctx, cp, a, &answered, p.ops, clientsDone) })
 
 	results := make([][]opResult, p.clients)
-	hc := &http.Client{
-		Timeout:   30 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: p.clients, MaxConnsPerHost: 2 * p.clients},
-	}
+	hc := crashHTTPClient(p.clients)
 	var wg sync.WaitGroup
 	for c := range p.clients {
 		wg.Go(func() { results[c] = runCrashClient(ctx, hc, a, p, cp, c, &answered) })
@@ -267,10 +325,11 @@ func runCrash(p plan, cp crashPlan, keep bool) int {
 	close(clientsDone)
 	chaosWG.Wait()
 	elapsed := time.Since(began)
+	svc.finish(ctx, dbURL, a, results)
 	a.stop()
 
-	fig, err := reconcileCrash(ctx, dbURL, results, records, len(cp.faults))
-	if err != nil {
+	fig := tally(results, records, len(cp.faults))
+	if err := svc.reconcile(ctx, dbURL, results, fig); err != nil {
 		fmt.Fprintln(os.Stderr, "idem-load: reconcile:", err)
 		return 1
 	}
@@ -280,6 +339,14 @@ func runCrash(p plan, cp crashPlan, keep bool) int {
 		return 1
 	}
 	return 0
+}
+
+// crashHTTPClient is the clients' HTTP client.
+func crashHTTPClient(clients int) *http.Client {
+	return &http.Client{
+		Timeout:   30 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: 2 * clients},
+	}
 }
 
 // inject waits for each fault's point of progress and injects it, until
@@ -311,16 +378,14 @@ func inject(ctx context.Context, cp crashPlan, a *apps, answered *atomic.Int64, 
 // crash injects one fault, notes in *dead when what it crashed is certainly
 // down, and brings back what it stopped.
 func crash(ctx context.Context, cp crashPlan, a *apps, f fault, dead *time.Time) error {
-	all := make([]int, len(a.cmds))
-	for i := range all {
-		all[i] = i
-	}
 	var killed []int
 	switch f.kind {
 	case "app":
 		killed = []int{f.app}
 	case "apps", "all":
-		killed = all
+		for i := range a.count() {
+			killed = append(killed, i)
+		}
 	}
 	for _, i := range killed {
 		a.kill(i)
@@ -356,23 +421,41 @@ func shell(ctx context.Context, command string) error {
 	return nil
 }
 
-// runCrashClient sends client c's operations, each until it is answered.
-func runCrashClient(ctx context.Context, hc *http.Client, a *apps, p plan, cp crashPlan, c int, answered *atomic.Int64) []opResult {
+// scheduled is one operation of a client's schedule.
+type scheduled struct {
+	class string
+	opKey
+}
+
+// crashSchedule is client c's operations: each a new key (fresh gives it)
+// or, at the plan's retry rate, a key the client already sent and had
+// answered. It derives from the plan's seed alone.
+func crashSchedule(p plan, c int, fresh func(c, i int) opKey) []scheduled {
 	rng := p.clientRand(0, c)
 	n := p.clientCalls(0, c)
-	out := make([]opResult, 0, n)
-	var used []string
+	out := make([]scheduled, 0, n)
+	var used []opKey
 	for i := range n {
+		op := scheduled{classFresh, fresh(c, i)}
+		if len(used) > 0 && rng.Float64() < p.retryProb() {
+			op = scheduled{classRetry, used[rng.IntN(len(used))]}
+		} else {
+			used = append(used, op.opKey)
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+// runCrashClient sends client c's operations, each until it is answered.
+func runCrashClient(ctx context.Context, hc *http.Client, a *apps, p plan, cp crashPlan, c int, answered *atomic.Int64) []opResult {
+	ops := crashSchedule(p, c, a.svc.freshKey)
+	out := make([]opResult, 0, len(ops))
+	for _, op := range ops {
 		if ctx.Err() != nil {
 			break
 		}
-		class, key := classFresh, p.freshKey(0, c, i)
-		if len(used) > 0 && rng.Float64() < p.retryProb() {
-			class, key = classRetry, used[rng.IntN(len(used))]
-		} else {
-			used = append(used, key)
-		}
-		out = append(out, sendOp(ctx, hc, a, cp, c, class, key))
+		out = append(out, sendOp(ctx, hc, a, cp.opTimeout, c, op.class, op.opKey))
 		answered.Add(1)
 	}
 	return out
@@ -380,11 +463,10 @@ func runCrashClient(ctx context.Context, hc *http.Client, a *apps, p plan, cp cr
 
 // sendOp sends one operation until it is answered, with the same key on
 // every attempt, moving to the next application after each failure as a
-// load balancer would.
-func sendOp(ctx context.Context, hc *http.Client, a *apps, cp crashPlan, c int, class, key string) opResult {
-	r := opResult{class: class, key: key, start: time.Now()}
-	body, _ := json.Marshal(opRequest{Account: accountOf(key), Amount: amountOf(key)})
-	deadline := r.start.Add(cp.opTimeout)
+// load balancer would (starting at application c).
+func sendOp(ctx context.Context, hc *http.Client, a *apps, timeout time.Duration, c int, class string, k opKey) opResult {
+	r := opResult{class: class, opKey: k, start: time.Now()}
+	deadline := r.start.Add(timeout)
 	backoff := 20 * time.Millisecond
 	var last string
 	for attempt := 0; ; attempt++ {
@@ -394,17 +476,15 @@ func sendOp(ctx context.Context, hc *http.Client, a *apps, cp crashPlan, c int, 
 		}
 		r.attempts++
 		sent := time.Now()
-		// A body the request cannot rewind: net/http would otherwise resend
-		// a request carrying an Idempotency-Key by itself when a reused
-		// connection fails, and the lost answer would go uncounted.
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.addr(c+attempt)+"/ops", io.NopCloser(bytes.NewReader(body)))
+		// The request's body must not be rewindable (no GetBody): net/http
+		// would otherwise resend a request carrying an Idempotency-Key by
+		// itself when a reused connection fails, and the lost answer would
+		// go uncounted.
+		req, err := a.svc.request(ctx, a.addr(c+attempt), k)
 		if err != nil {
 			r.err = err.Error()
 			return r
 		}
-		req.ContentLength = int64(len(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", key)
 		resp, err := hc.Do(req)
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) {
@@ -420,11 +500,8 @@ func sendOp(ctx context.Context, hc *http.Client, a *apps, cp crashPlan, c int, 
 			case readErr != nil:
 				r.noAnswer++
 				last = readErr.Error()
-			case resp.StatusCode == http.StatusCreated:
-				if err := json.Unmarshal(data, &r.entry); err != nil {
-					r.err = fmt.Sprintf("undecodable answer %q: %v", data, err)
-					return r
-				}
+			case a.svc.final(resp.StatusCode):
+				r.status, r.body = resp.StatusCode, data
 				r.replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 				r.lastStart, r.end = sent, time.Now()
 				return r
@@ -460,3 +537,6 @@ func sendOp(ctx context.Context, hc *http.Client, a *apps, cp crashPlan, c int, 
 		}
 	}
 }
+
+// unrewindable is a request body that net/http cannot rewind (see sendOp).
+func unrewindable(body []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(body)) }

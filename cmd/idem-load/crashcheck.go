@@ -31,7 +31,35 @@ type crashFigures struct {
 	faults       []faultSummary
 	elapsed      time.Duration
 
+	// The service's own figures, printed after the common ones, and what
+	// the run proved when it has no violation.
+	rows []figure
+	ok   string
+
 	violations []string
+}
+
+// figure is one labelled figure of a run.
+type figure struct {
+	label string
+	value any
+}
+
+// keyRows is the key table's rows by status, in_progress always included.
+func (f *crashFigures) keyRows() []figure {
+	statuses := make([]string, 0, len(f.keysByStatus))
+	for s := range f.keysByStatus {
+		statuses = append(statuses, s)
+	}
+	if _, ok := f.keysByStatus["in_progress"]; !ok {
+		statuses = append(statuses, "in_progress")
+	}
+	slices.Sort(statuses)
+	out := make([]figure, 0, len(statuses))
+	for _, s := range statuses {
+		out = append(out, figure{"key rows " + s, f.keysByStatus[s]})
+	}
+	return out
 }
 
 // faultSummary is one fault and how the clients came through it.
@@ -50,13 +78,12 @@ func (f *crashFigures) violate(format string, args ...any) {
 	}
 }
 
-// reconcileCrash checks the clients' answers against the database: every
-// operation answered; one ledger row per key, equal to every answer given
-// for it; the key row completed; no key in progress; every balance the sum
-// of the operations on it; every planned fault injected.
-func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, records []faultRecord, planned int) (*crashFigures, error) {
+// tally counts what the clients went through and checks what needs no
+// database: every operation answered; every retry of a key already
+// answered replayed; every planned fault injected, without error, with
+// operations in flight.
+func tally(results [][]opResult, records []faultRecord, planned int) *crashFigures {
 	fig := &crashFigures{ops: map[string]int{}, keysByStatus: map[string]int{}}
-	answers := map[string][]entry{}
 	var all []*opResult
 	for _, rs := range results {
 		for i := range rs {
@@ -71,15 +98,11 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 			fig.sum.outcomeUnknown += r.outcomeUnknown
 			fig.sum.unavailable += r.unavailable
 			fig.sum.failed += r.failed
-			if _, ok := answers[r.key]; !ok {
-				answers[r.key] = nil
-			}
 			if r.err != "" {
-				fig.violate("key %s: never answered: %s", r.key, r.err)
+				fig.violate("%s: never answered: %s", r.opKey, r.err)
 				continue
 			}
 			fig.answered++
-			answers[r.key] = append(answers[r.key], r.entry)
 			if r.replayed {
 				fig.replayed++
 			}
@@ -91,14 +114,10 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 				}
 			}
 			if r.class == classRetry && !r.replayed {
-				fig.violate("key %s: a retry of a key already answered ran the operation again", r.key)
-			}
-			if r.entry.Amount != amountOf(r.key) {
-				fig.violate("key %s: answer amount %d, want %d", r.key, r.entry.Amount, amountOf(r.key))
+				fig.violate("%s: a retry of a key already answered ran the operation again", r.opKey)
 			}
 		}
 	}
-	fig.keys = len(answers)
 	for _, f := range records {
 		s := summarize(f, all)
 		fig.faults = append(fig.faults, s)
@@ -112,10 +131,35 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 	if len(records) < planned {
 		fig.violate("%d of %d faults injected: the run ended first", len(records), planned)
 	}
+	return fig
+}
+
+// reconcileCrash checks the built-in application's answers (tallied in
+// fig) against the database: one ledger row per key, equal to every
+// answer given for it, with the key's amount; the key row completed; no
+// key in progress; every balance the sum of the operations on it.
+func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, fig *crashFigures) error {
+	answers := map[string][]entry{}
+	for _, rs := range results {
+		for i := range rs {
+			r := &rs[i]
+			if _, ok := answers[r.key]; !ok {
+				answers[r.key] = nil
+			}
+			if r.err != "" {
+				continue
+			}
+			answers[r.key] = append(answers[r.key], r.entry)
+			if r.entry.Amount != amountOf(r.key) {
+				fig.violate("key %s: answer amount %d, want %d", r.key, r.entry.Amount, amountOf(r.key))
+			}
+		}
+	}
+	fig.keys = len(answers)
 
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer conn.Close(ctx)
 
@@ -134,7 +178,7 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 		fig.ledgerRows++
 		return nil
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	stored := map[string]string{}
 	var status string
@@ -144,7 +188,7 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 		fig.keysByStatus[status]++
 		return nil
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	balances := map[int]int64{}
 	var (
@@ -156,7 +200,7 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 		balances[account] = balance
 		return nil
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	fig.accounts = len(balances)
 
@@ -205,7 +249,13 @@ func reconcileCrash(ctx context.Context, dbURL string, results [][]opResult, rec
 	if len(stored) != len(ledger) {
 		fig.violate("%d key rows, %d keys in the ledger", len(stored), len(ledger))
 	}
-	return fig, nil
+	fig.rows = append(fig.rows,
+		figure{"distinct keys", fig.keys},
+		figure{"ledger rows", fig.ledgerRows})
+	fig.rows = append(fig.rows, fig.keyRows()...)
+	fig.rows = append(fig.rows, figure{"accounts checked", fig.accounts})
+	fig.ok = "every operation answered, each key committed exactly once with the answer every client got, balances exact, no key in progress"
+	return nil
 }
 
 // summarize measures how the clients came through fault f.
@@ -247,20 +297,9 @@ func (f *crashFigures) print(w io.Writer, began time.Time) {
 	row("answers replayed from the stored result", f.replayed)
 	row("answers after a lost one: replayed (the lost attempt had committed)", f.replayedAfterLoss)
 	row("answers after a lost one: executed (the lost attempt had rolled back)", f.executedAfterLoss)
-	row("distinct keys", f.keys)
-	row("ledger rows", f.ledgerRows)
-	statuses := make([]string, 0, len(f.keysByStatus))
-	for s := range f.keysByStatus {
-		statuses = append(statuses, s)
+	for _, r := range f.rows {
+		row(r.label, r.value)
 	}
-	slices.Sort(statuses)
-	for _, s := range statuses {
-		row("key rows "+s, f.keysByStatus[s])
-	}
-	if f.keysByStatus["in_progress"] == 0 {
-		row("key rows in_progress", 0)
-	}
-	row("accounts checked", f.accounts)
 	row("violations", len(f.violations))
 	row("wall time", f.elapsed.Round(100*time.Millisecond))
 	tw.Flush()
@@ -283,7 +322,7 @@ func (f *crashFigures) print(w io.Writer, began time.Time) {
 		fmt.Fprintln(w, "VIOLATION:", v)
 	}
 	if len(f.violations) == 0 {
-		fmt.Fprintln(w, "idem-load -crash: OK: every operation answered, each key committed exactly once with the answer every client got, balances exact, no key in progress")
+		fmt.Fprintln(w, "idem-load -crash: OK:", f.ok)
 	} else {
 		fmt.Fprintln(w, "idem-load -crash: FAILED")
 	}

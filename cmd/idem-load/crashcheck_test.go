@@ -50,14 +50,14 @@ func TestReconcileCrashFindsViolations(t *testing.T) {
 	}
 	now := time.Now()
 	ok := func(class, key string, id int64, replayed bool) opResult {
-		return opResult{class: class, key: key, entry: entry{id, amountOf(key)}, replayed: replayed, attempts: 1,
+		return opResult{class: class, opKey: opKey{key: key}, entry: entry{id, amountOf(key)}, replayed: replayed, attempts: 1,
 			start: now.Add(-time.Second), lastStart: now.Add(-time.Second), end: now.Add(-time.Second)}
 	}
 	results := [][]opResult{{
 		ok(classFresh, "k-twice", 1, false),
 		ok(classFresh, "k-wrong", 99, false),
 		ok(classFresh, "k-lost", 7, false),
-		{class: classFresh, key: "k-stuck", attempts: 3, err: "gave up after 3 attempts"},
+		{class: classFresh, opKey: opKey{key: "k-stuck"}, attempts: 3, err: "gave up after 3 attempts"},
 		ok(classFresh, "k-ok", 5, false),
 		ok(classRetry, "k-ok", 5, false),
 		ok(classFresh, "k-skewed", 6, false),
@@ -66,8 +66,8 @@ func TestReconcileCrashFindsViolations(t *testing.T) {
 		{fault: fault{kind: "db", percent: 30}, at: now, dead: now, up: now},
 		{fault: fault{kind: "app", percent: 50}, at: now, dead: now, up: now, err: errors.New("restart failed")},
 	}
-	fig, err := reconcileCrash(ctx, pool.Config().ConnString(), results, records, 3)
-	if err != nil {
+	fig := tally(results, records, 3)
+	if err := reconcileCrash(ctx, pool.Config().ConnString(), results, fig); err != nil {
 		t.Fatal(err)
 	}
 	all := strings.Join(fig.violations, "\n")

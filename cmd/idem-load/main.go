@@ -25,7 +25,9 @@
 // in the parent and retry every failure with the same key, and the run kills
 // the applications with SIGKILL and crashes PostgreSQL with the -db-stop and
 // -db-start commands at the points -faults names; scripts/crashtest.sh runs
-// it on a PostgreSQL cluster of its own.
+// it on a PostgreSQL cluster of its own. With -crash -payments BINARY the
+// application is the payments example's service instead (payments.go),
+// with -processor BINARY settling every payment at a fake processor.
 //
 // With -failover it is the replica promotion test (failover.go), which
 // scripts/failover-test.sh runs against a primary and a streaming standby.
@@ -65,6 +67,10 @@ func main() {
 		cp        crashPlan
 		faults    = flag.String("faults", defaultFaults, "crash test: faults as kind@percent of the operations answered; kinds app<n>, apps, db, all")
 
+		paymentsBin  = flag.String("payments", "", "crash test: drive the payments example's service, this binary (built from payments_example), instead of the built-in application")
+		processorBin = flag.String("processor", "", "crash test with -payments: settle every payment at the fake processor, this binary (payments_example/cmd/processor)")
+		ps           paymentsService
+
 		failoverMode = flag.Bool("failover", false, "run the replica promotion test (see scripts/failover-test.sh)")
 		fp           failoverPlan
 	)
@@ -73,6 +79,10 @@ func main() {
 	flag.StringVar(&cp.dbStart, "db-start", "", "crash test: shell command that starts PostgreSQL again")
 	flag.DurationVar(&cp.dbDown, "db-down", time.Second, "crash test: how long PostgreSQL stays down")
 	flag.DurationVar(&cp.opTimeout, "op-timeout", 3*time.Minute, "crash test: a client gives up on an operation after this")
+	flag.IntVar(&ps.accounts, "accounts", 8, "crash test with -payments: accounts (principals) the clients share; the first is opened with too little money")
+	flag.DurationVar(&ps.settleTimeout, "settle-timeout", 10*time.Minute, "crash test with -processor: every payment must be settled this long after the last answer")
+	procFail := flag.Float64("processor-fail", 0.1, "crash test with -processor: share of the processor's calls answered 503")
+	procLose := flag.Float64("processor-lose", 0.1, "crash test with -processor: share of the processor's answers lost after charging")
 	flag.StringVar(&fp.standbyURL, "standby-url", "", "failover test: the standby's server URL")
 	flag.StringVar(&fp.primaryStop, "primary-stop", "", "failover test: shell command that crashes the primary")
 	flag.StringVar(&fp.waldump, "waldump", "", "failover test: pg_waldump, to count the transactions the standby's WAL holds only part of")
@@ -99,7 +109,7 @@ func main() {
 		p.workers, p.raceFrac = 1, 0
 		if !set["ops"] {
 			p.ops = 50_000
-			if *failoverMode {
+			if *failoverMode || *paymentsBin != "" {
 				p.ops = 20_000
 			}
 		}
@@ -128,7 +138,24 @@ func main() {
 			fmt.Fprintln(os.Stderr, "idem-load: -faults, -apps:", err)
 			os.Exit(2)
 		}
-		os.Exit(runCrash(p, cp, *keep))
+		if *paymentsBin == "" {
+			if *processorBin != "" {
+				fmt.Fprintln(os.Stderr, "idem-load: -processor needs -payments")
+				os.Exit(2)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "idem-load:", err)
+				os.Exit(1)
+			}
+			os.Exit(runCrash(p, cp, &libApp{self: self, p: p}, *keep))
+		}
+		if ps.accounts < 1 || *processorBin != "" && ps.settleTimeout <= 0 {
+			fmt.Fprintln(os.Stderr, "idem-load: -accounts and -settle-timeout must be positive")
+			os.Exit(2)
+		}
+		ps.bin, ps.p, ps.opTimeout = *paymentsBin, p, cp.opTimeout
+		os.Exit(runPaymentsCrash(p, cp, &ps, *processorBin, *procFail, *procLose, *keep))
 	case *failoverMode:
 		os.Exit(runFailover(p, fp, *keep))
 	}
