@@ -24,6 +24,15 @@ type call struct {
 	reqHash  string
 	ttlMicro int64
 	begin    string
+	// setTx are the statements that give the pipeline's implicit
+	// transaction WithTxOptions' modes before its first snapshot (see
+	// setTxSQL); none without options.
+	setTx []string
+
+	// deferred marks an attempt on the deferred protocol (pipeline.go):
+	// the key's row is written once, completed, before COMMIT. present says
+	// the key has a row that is not live, which that write replaces.
+	deferred, present bool
 
 	// What every attempt sends and scans lives here, allocated once with the
 	// call: the arguments boxed once (scope and key go out three times), the
@@ -60,6 +69,7 @@ func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error
 		reqHash:  reqHash,
 		ttlMicro: s.ttl.Microseconds(),
 		begin:    beginSQL(s),
+		setTx:    setTxSQL(s),
 		scopeArg: scope,
 		keyArg:   key,
 	}
@@ -102,6 +112,30 @@ func beginSQL(s *settings) string {
 	return b
 }
 
+// setTxSQL returns the statements that set WithTxOptions' modes in the
+// implicit transaction that the extended protocol opens for a pipeline, so
+// that the claim can go first and a replay's failing assertion leaves the
+// connection idle (pipeline.go): BEGIN first would leave it in an aborted
+// transaction block that costs a ROLLBACK round trip. The plain SET of
+// these settings acts on the current transaction only, and unlike SET
+// TRANSACTION or SET LOCAL it does not warn (in the server's log too) that
+// it runs outside a transaction block. They must precede any statement that
+// takes a snapshot, which is why they lead the pipeline.
+func setTxSQL(s *settings) []string {
+	o := s.txOpts
+	var out []string
+	if o.IsoLevel != "" {
+		out = append(out, "set transaction_isolation = '"+string(o.IsoLevel)+"'")
+	}
+	switch o.DeferrableMode {
+	case pgx.Deferrable:
+		out = append(out, "set transaction_deferrable = on")
+	case pgx.NotDeferrable:
+		out = append(out, "set transaction_deferrable = off")
+	}
+	return out
+}
+
 // queueComplete queues the completing statement of the call's layout.
 func (c *call) queueComplete(b *pgx.Batch, fin *finish) {
 	if c.stmts.isPartitioned {
@@ -109,6 +143,16 @@ func (c *call) queueComplete(b *pgx.Batch, fin *finish) {
 		return
 	}
 	b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
+}
+
+// queueCompleteDeferred queues the deferred protocol's one write of the key
+// row: an insert, or an upsert over a row that is not live.
+func (c *call) queueCompleteDeferred(b *pgx.Batch, fin *finish) {
+	sql := c.stmts.completeDeferred
+	if c.present {
+		sql = c.stmts.completeDeferredOn
+	}
+	b.Queue(sql, c.scopeArg, c.keyArg, c.reqHash, fin.status, fin.response, fin.refusal, c.ttlMicro)
 }
 
 // errRepeatableRead refuses a call at REPEATABLE READ on a partitioned

@@ -68,9 +68,11 @@ var (
 	// same way until the key expires or is forgotten (Client.Forget).
 	ErrCorruptRecord = errors.New("idem: the stored result cannot be read back")
 
-	// ErrKeyLost means the key's own row was gone or no longer in progress
-	// when the call came to store its result: fn deleted or updated it, or
-	// truncated the table. Nothing was committed; the call is a programming
+	// ErrKeyLost means the key's own row was not what the call found when
+	// it came to store its result: where the claim inserted it, fn deleted
+	// or updated it, or truncated the table; where the row is written only
+	// at completion (a pool or connection at READ COMMITTED), fn wrote a row
+	// of its own key. Nothing was committed; the call is a programming
 	// error in fn and retrying will fail the same way.
 	ErrKeyLost = errors.New("idem: the key's row was deleted or changed inside the call (does fn write to the key table?)")
 

@@ -81,3 +81,10 @@ func claimError(c *call, err error) error {
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return dbtx.CleanupContext(ctx)
 }
+
+// isUniqueViolation reports SQLSTATE 23505: the deferred protocol's insert
+// of the key's row met a row that was written outside the protocol.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UniqueViolation
+}

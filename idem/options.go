@@ -135,8 +135,13 @@ func WithWait(d time.Duration) Option {
 // BeginQuery and CommitQuery are not supported. Given an outer pgx.Tx, whose
 // modes are already set, the call fails with ErrInvalidOption. Defaults to
 // the server's default (READ COMMITTED unless configured otherwise).
-// With a non-default isolation level, BEGIN must precede the claim, and a
-// replay costs a second round trip (ROLLBACK). On a partitioned key table
+// IsoLevel and DeferrableMode must be one of pgx's constants or empty.
+// A replay costs one round trip whatever the modes: on a pool or
+// connection they are set in the pipeline that carries the claim, before
+// its first snapshot. At READ COMMITTED, a call on a pool or connection
+// writes the key's row once, when it completes; at REPEATABLE READ and
+// SERIALIZABLE the claim inserts it and the completion updates it (see
+// docs/PERFORMANCE.md). On a partitioned key table
 // (schema.ApplyPartitioned) REPEATABLE READ is refused with an error wrapping
 // ErrInvalidOption, and SERIALIZABLE keeps a key unique only if every call
 // with that key runs at SERIALIZABLE: see docs/SCALING.md. Applies to Do, Run
@@ -145,6 +150,16 @@ func WithTxOptions(o pgx.TxOptions) Option {
 	return &option{name: "WithTxOptions", where: useCall, set: func(s *settings) error {
 		if o.AccessMode == pgx.ReadOnly || o.BeginQuery != "" || o.CommitQuery != "" {
 			return inputError(ErrInvalidOption, "WithTxOptions: read-only access, BeginQuery and CommitQuery are not supported")
+		}
+		switch o.IsoLevel {
+		case "", pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted, pgx.ReadUncommitted:
+		default:
+			return inputError(ErrInvalidOption, "WithTxOptions: unknown isolation level %q (use pgx.Serializable, pgx.RepeatableRead or pgx.ReadCommitted)", o.IsoLevel)
+		}
+		switch o.DeferrableMode {
+		case "", pgx.Deferrable, pgx.NotDeferrable:
+		default:
+			return inputError(ErrInvalidOption, "WithTxOptions: unknown deferrable mode %q (use pgx.Deferrable or pgx.NotDeferrable)", o.DeferrableMode)
 		}
 		s.txOpts = o
 		return nil

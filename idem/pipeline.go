@@ -9,17 +9,34 @@ import (
 )
 
 // pipeline runs the protocol on a connection outside a transaction, in as
-// few round trips as the bare transaction:
+// few round trips as the bare transaction. On a plain key table at READ
+// COMMITTED (the default) it runs the deferred protocol:
 //
-//	round trip 1: claim; assert_claimed; BEGIN; set idle timeout; SAVEPOINT idem_work
+//	round trip 1: [SET modes;] claim_deferred; assert_deferred; BEGIN; set idle timeout; SAVEPOINT idem_work
 //	fn's own round trips
-//	last round trip: [ROLLBACK TO SAVEPOINT idem_work;] complete; COMMIT
+//	last round trip: [ROLLBACK TO SAVEPOINT idem_work;] complete_deferred; COMMIT
+//
+// The claim reads the key's row and takes the key's advisory lock, and
+// writes nothing; the key's row is inserted once, completed, before COMMIT.
+// Inserting it in progress first and updating it at the end (as claim.sql
+// and complete.sql do) costs the server a second write, and the claim a
+// speculative insertion, for nothing that the lock does not already give:
+// while the transaction holds the lock, no other call can claim the key.
+// What the lock alone does not give, seeing a first attempt that committed
+// between the claim's snapshot and the lock, assert_deferred.sql's own
+// snapshot does, at READ COMMITTED only. At REPEATABLE READ and
+// SERIALIZABLE, whether asked for with WithTxOptions or a session default,
+// the claim inserts the row in progress (claim.sql), since a unique
+// violation is then the only thing that can see that first attempt, and the
+// completion updates it; so does the partitioned layout (claim_partitioned.sql).
 //
 // The claim runs in the implicit transaction that the extended protocol
 // opens for the pipeline; BEGIN turns it into an explicit one that keeps the
-// claim. When the key is not claimed, assert_claimed fails first, the server
+// claim. When the key is not claimed, the assertion fails first, the server
 // skips the rest up to Sync and rolls the implicit transaction back: the
 // replay costs this one round trip and leaves the connection idle.
+// WithTxOptions' modes are set by the SET statements that lead the pipeline
+// (setTxSQL), so this holds at every isolation level.
 //
 // On a partitioned table assert_claimed also takes the second look that
 // keeps a live key unique across partitions; a claim it undoes costs the
@@ -29,7 +46,7 @@ type pipeline struct {
 	conn   *pgx.Conn
 	owned  *connTx
 	first  pgx.Batch
-	firstQ [5]*pgx.QueuedQuery
+	firstQ [7]*pgx.QueuedQuery
 	last   pgx.Batch
 	lastQ  [3]*pgx.QueuedQuery
 }
@@ -50,63 +67,83 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		return claim{}, err
 	}
 	c.stmts = stmts
-	if stmts.isPartitioned && c.s.txOpts.IsoLevel == pgx.RepeatableRead {
+	iso := c.s.txOpts.IsoLevel
+	if stmts.isPartitioned && iso == pgx.RepeatableRead {
 		return claim{}, errRepeatableRead(c)
 	}
-	// A non-default isolation level must be set before the first snapshot,
-	// so BEGIN goes first and a replay pays a ROLLBACK round trip.
-	claimFirst := c.begin == "begin"
-	if claimFirst {
-		if err := prepareFirstTrip(ctx, conn, stmts); err != nil {
-			return claim{}, fmt.Errorf("prepare: %w", err)
-		}
+	switch iso {
+	case "":
+		c.deferred = !stmts.isPartitioned && !stateOf(conn).notReadCommitted
+	case pgx.ReadCommitted, pgx.ReadUncommitted:
+		c.deferred = !stmts.isPartitioned
+	default:
+		c.deferred = false
+	}
+	if err := prepareFirstTrip(ctx, conn, stmts, c.setTx); err != nil {
+		return claim{}, fmt.Errorf("prepare: %w", err)
 	}
 	b := batch(&p.first, p.firstQ[:])
-	if claimFirst {
+	for _, sql := range c.setTx {
+		b.Queue(sql)
+	}
+	if c.deferred {
+		b.Queue(stmts.claimDeferred, c.scopeArg, c.keyArg)
+		b.Queue(stmts.assertDeferred, c.scopeArg, c.keyArg)
+	} else {
 		b.Queue(stmts.claim, c.claimArgs()...)
 		b.Queue(stmts.assertClaimed, c.scopeArg, c.keyArg)
-		b.Queue("begin")
-	} else {
-		b.Queue(c.begin)
-		b.Queue(stmts.claim, c.claimArgs()...)
-		if stmts.isPartitioned {
-			b.Queue(stmts.assertClaimed, c.scopeArg, c.keyArg)
-		}
 	}
+	b.Queue("begin")
 	// Config.IdleTimeout: a local setting after BEGIN, so that it lives
 	// exactly as long as the call's transaction and costs no round trip of
-	// its own. A replay never keeps it: assert_claimed fails before it, or,
-	// with BEGIN first, the replay's ROLLBACK undoes it. The server arms the
-	// timer with it at this pipeline's ReadyForQuery.
+	// its own. A replay never keeps it: the assertion fails before it. The
+	// server arms the timer with it at this pipeline's ReadyForQuery.
 	if c.s.idle != nil {
 		b.Queue(setIdleTimeoutSQL, c.s.idle...)
 	}
 	b.Queue("savepoint idem_work")
 
 	br := conn.SendBatch(ctx, b)
-	var beginErr error
-	if !claimFirst {
-		_, beginErr = br.Exec()
+	var setErr error
+	for range c.setTx {
+		if _, err := br.Exec(); err != nil && setErr == nil {
+			setErr = err
+		}
 	}
-	cl, claimErr := c.scanClaim(br.QueryRow())
-	// The partitioned layout reads assert_claimed's verdict: its failure
-	// after a claim is a lost race, -1 a refused isolation level.
+	var cl claim
+	claimErr := setErr
+	if claimErr == nil {
+		cl, claimErr = c.scanClaim(br.QueryRow())
+	}
+	// The deferred protocol and the partitioned layout read the assertion's
+	// verdict: its failure after a claim is a lost race, -1 an isolation
+	// level it cannot serve.
+	checked := c.deferred || stmts.isPartitioned
 	verdict, assertErr := int32(0), error(nil)
-	if stmts.isPartitioned && claimErr == nil && beginErr == nil {
+	if checked && claimErr == nil {
 		assertErr = br.QueryRow().Scan(&verdict)
 	}
 	closeErr := br.Close()
 	switch {
-	case beginErr != nil:
-		return claim{}, fmt.Errorf("begin: %w", beginErr)
+	case setErr != nil:
+		return claim{}, fmt.Errorf("set transaction modes: %w", setErr)
 	case claimErr != nil:
 		return claim{}, claimErr
+	case c.deferred && assertErr == nil && verdict < 0:
+		// The session's transactions are not READ COMMITTED: claim again
+		// with claim.sql, and do so from now on on this connection.
+		rollbackConn(ctx, conn)
+		if conn.PgConn().TxStatus() != 'I' {
+			return claim{}, errors.New("idem: could not roll back a claim on a session that is not READ COMMITTED")
+		}
+		stateOf(conn).notReadCommitted = true
+		return p.claim(ctx, c)
 	case stmts.isPartitioned && assertErr == nil && verdict < 0:
 		return claim{}, errRepeatableRead(c) // the caller rolls back
 	case !cl.claimed:
-		// assert_claimed failed on purpose; closeErr is that failure.
+		// The assertion failed on purpose; closeErr is that failure.
 		return cl, nil
-	case stmts.isPartitioned && isDivisionByZero(assertErr):
+	case checked && isDivisionByZero(assertErr):
 		cl.lostRace()
 		return cl, nil
 	case assertErr != nil:
@@ -132,13 +169,17 @@ func (p *pipeline) finish(ctx context.Context, c *call, fin *finish) error {
 		b.Queue("rollback to savepoint idem_work")
 	}
 	complete := b.Len()
-	c.queueComplete(b, fin)
+	if c.deferred {
+		c.queueCompleteDeferred(b, fin)
+	} else {
+		c.queueComplete(b, fin)
+	}
 	b.Queue("commit")
 	failed, err := execAll(p.conn.SendBatch(ctx, b), b.Len())
 	switch {
 	case err == nil:
 		return nil
-	case failed == complete && isKeyLost(err):
+	case failed == complete && (isKeyLost(err) || c.deferred && isUniqueViolation(err)):
 		return keyLostError(err)
 	case failed < b.Len()-1 && isServerError(err):
 		// The server refused a statement before COMMIT (a trigger on the key

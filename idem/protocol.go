@@ -135,13 +135,23 @@ type claimTargets struct {
 	hash, status      *string
 	response, refusal []byte
 	createdAt         *time.Time
+	present           bool
 }
 
 func (c *call) scanClaim(row pgx.Row) (claim, error) {
 	t := &c.scan
 	*t = claimTargets{}
 	var err error
-	if c.stmts.isPartitioned {
+	if c.deferred {
+		err = row.Scan(&t.locked, &t.present, &t.hash, &t.status, &t.response, &t.refusal)
+		if err != nil {
+			return claim{}, err
+		}
+		// Holding the lock is a claim unless assert_deferred finds the race
+		// lost (claim.lostRace).
+		t.claimed = t.locked != nil && *t.locked
+		c.present = t.present
+	} else if c.stmts.isPartitioned {
 		err = row.Scan(&t.locked, &t.claimed, &t.hash, &t.status, &t.response, &t.refusal, &t.createdAt)
 		if err == nil && t.claimed && t.createdAt != nil {
 			c.createdAt = *t.createdAt

@@ -31,6 +31,15 @@ var (
 	//go:embed sql/layout.sql
 	layoutSQL string
 
+	//go:embed sql/claim_deferred.sql
+	claimDeferredSQL string
+	//go:embed sql/assert_deferred.sql
+	assertDeferredSQL string
+	//go:embed sql/complete_deferred.sql
+	completeDeferredSQL string
+	//go:embed sql/complete_deferred_replace.sql
+	completeDeferredReplaceSQL string
+
 	//go:embed sql/claim_partitioned.sql
 	claimPartitionedSQL string
 	//go:embed sql/assert_claimed_partitioned.sql
@@ -59,6 +68,12 @@ type statements struct {
 	table                                  string
 	claim, assertClaimed, complete, lookup string
 	sweep, record, forget                  string
+
+	// The deferred protocol's statements (pipeline.go), on the plain set
+	// only: the claim and its second look, and the completing insert, or
+	// upsert when the key has a row that is not live.
+	claimDeferred, assertDeferred        string
+	completeDeferred, completeDeferredOn string
 
 	// isPartitioned marks the set of the partitioned layout, whose claim
 	// returns the claimed row's created_at and whose first trip reads
@@ -90,6 +105,11 @@ func statementsFor(table string) (*statements, error) {
 		sweep:         t.Rewrite(sweepSQL),
 		record:        t.Rewrite(recordSQL),
 		forget:        t.Rewrite(forgetSQL),
+
+		claimDeferred:      t.Rewrite(claimDeferredSQL),
+		assertDeferred:     t.Rewrite(assertDeferredSQL),
+		completeDeferred:   t.Rewrite(completeDeferredSQL),
+		completeDeferredOn: t.Rewrite(completeDeferredReplaceSQL),
 	}
 	s.partitioned = &statements{
 		table:         table,
@@ -115,13 +135,24 @@ const connStateKey = "idem.conn"
 type connState struct {
 	layout   map[*statements]*statements
 	prepared map[*statements]bool
+	// preparedSQL holds the other statements of first trips prepared by
+	// name: the SET statements of WithTxOptions.
+	preparedSQL map[string]bool
+	// notReadCommitted records that this session's transactions default to
+	// another isolation level than READ COMMITTED (assert_deferred.sql said
+	// so): calls without WithTxOptions use claim.sql here.
+	notReadCommitted bool
 }
 
 func stateOf(conn *pgx.Conn) *connState {
 	data := conn.PgConn().CustomData()
 	st, _ := data[connStateKey].(*connState)
 	if st == nil {
-		st = &connState{layout: make(map[*statements]*statements, 1), prepared: make(map[*statements]bool, 1)}
+		st = &connState{
+			layout:      make(map[*statements]*statements, 1),
+			prepared:    make(map[*statements]bool, 1),
+			preparedSQL: make(map[string]bool),
+		}
 		data[connStateKey] = st
 	}
 	return st
@@ -203,25 +234,38 @@ func connOf(q any) *pgx.Conn {
 const setIdleTimeoutSQL = "select set_config('idle_in_transaction_session_timeout', $1, true)"
 
 // prepareFirstTrip prepares, once per connection, the statements of the
-// first round trip under their own names. pgx forgets every cached statement
-// of a batch that fails, and a replay's batch fails on purpose
-// (assert_claimed): with only the cache, every replay, and the next call on
-// that connection, would pay extra round trips to deallocate and prepare them
-// again. Named statements survive a failed batch. Connections in another
-// exec mode (the simple protocol, or describe-only caching behind PgBouncer)
-// are left as they are.
-func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements) error {
-	st := stateOf(conn)
-	if st.prepared[s] {
+// first round trip under their own names: s's claims and assertions, BEGIN,
+// the idle timeout, the savepoint, and the SET statements of setTx. pgx
+// forgets every cached statement of a batch that fails, and a replay's batch
+// fails on purpose (the assertion): with only the cache, every replay, and
+// the next call on that connection, would pay extra round trips to
+// deallocate and prepare them again. Named statements survive a failed
+// batch. Connections in another exec mode (the simple protocol, or
+// describe-only caching behind PgBouncer) are left as they are.
+func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements, setTx []string) error {
+	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		return nil
 	}
-	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
-		for _, sql := range [...]string{s.claim, s.assertClaimed, "begin", setIdleTimeoutSQL, "savepoint idem_work"} {
+	st := stateOf(conn)
+	if !st.prepared[s] {
+		for _, sql := range [...]string{s.claim, s.assertClaimed, s.claimDeferred, s.assertDeferred, "begin", setIdleTimeoutSQL, "savepoint idem_work"} {
+			if sql == "" {
+				continue // the partitioned set has no deferred statements
+			}
 			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
 				return err
 			}
 		}
+		st.prepared[s] = true
 	}
-	st.prepared[s] = true
+	for _, sql := range setTx {
+		if st.preparedSQL[sql] {
+			continue
+		}
+		if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+			return err
+		}
+		st.preparedSQL[sql] = true
+	}
 	return nil
 }

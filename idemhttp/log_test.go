@@ -166,11 +166,15 @@ func TestServerErrorsAreLogged(t *testing.T) {
 
 	t.Run("internal", func(t *testing.T) {
 		t.Parallel()
-		// The handler deletes its own key row: nothing can be stored, and a
-		// retry would fail the same way (idem.ErrKeyLost).
+		// The handler writes its own key's row, which the call then cannot
+		// write: nothing can be stored, and a retry would fail the same way
+		// (idem.ErrKeyLost).
 		var b logBook
 		h := logMiddleware(t, testdb.New(t), b.config(), func(w http.ResponseWriter, r *http.Request) {
-			if _, err := idemhttp.Tx(r.Context()).Exec(r.Context(), "delete from idempotency_keys"); err != nil {
+			k, _ := idem.KeyFromContext(r.Context())
+			if _, err := idemhttp.Tx(r.Context()).Exec(r.Context(), `insert into idempotency_keys
+				(scope, idempotency_key, request_hash, status, response, completed_at, expires_at)
+				values ($1, $2, 'h', 'completed', '\x31', now(), now() + interval '1 day')`, k.Scope, k.Key); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}

@@ -333,6 +333,12 @@ func TestLockIgnoresTableSpelling(t *testing.T) {
 func TestErrorsThatHelp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	// On a pool or connection with the plain layout (the deferred
+	// protocol), the key's row is only written when the call completes: fn
+	// finds no row of its key to delete or change, and the key commits with
+	// the charge. Everywhere else the claim inserted it, and a call whose
+	// row fn removed or completed stores nothing.
+	deferred := func(s *setup, v variant) bool { return s.layout.name == "plain" && v.name != "outer_tx" }
 	t.Run("fn deletes its own key", func(t *testing.T) {
 		forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 			_, err := do(t, s, v, "k", "h", func(tx pgx.Tx) (int, error) {
@@ -340,6 +346,12 @@ func TestErrorsThatHelp(t *testing.T) {
 				_, _ = tx.Exec(ctx, "INSERT INTO charges (account_id, amount) VALUES (1, 1)")
 				return 1, err
 			})
+			if deferred(s, v) {
+				if err != nil || s.charges() != 1 || s.count("SELECT count(*) FROM idempotency_keys WHERE status = 'completed'") != 1 {
+					t.Fatalf("%v, %d charges; want the charge and its completed key committed together", err, s.charges())
+				}
+				return
+			}
 			if !errors.Is(err, idem.ErrKeyLost) || idem.Retryable(err) {
 				t.Fatalf("%v; want ErrKeyLost, not retryable", err)
 			}
@@ -354,8 +366,32 @@ func TestErrorsThatHelp(t *testing.T) {
 				_, err := tx.Exec(ctx, "UPDATE idempotency_keys SET status = 'completed', response = '\\x31', completed_at = now()")
 				return 1, err
 			})
+			if deferred(s, v) {
+				if err != nil {
+					t.Fatalf("%v; want success: fn's update finds no row of its key", err)
+				}
+				return
+			}
 			if !errors.Is(err, idem.ErrKeyLost) {
 				t.Fatalf("%v; want ErrKeyLost", err)
+			}
+		})
+	})
+	t.Run("fn writes its own key's row", func(t *testing.T) {
+		forEachVariant(t, func(t *testing.T, s *setup, v variant) {
+			if !deferred(s, v) {
+				t.Skip("the claim inserted the row already: fn's own insert fails, with fn's error")
+			}
+			_, err := do(t, s, v, "k", "h", func(tx pgx.Tx) (int, error) {
+				_, _ = tx.Exec(ctx, "INSERT INTO charges (account_id, amount) VALUES (1, 1)")
+				_, err := tx.Exec(ctx, "INSERT INTO idempotency_keys (scope, idempotency_key, request_hash, status, response, completed_at, expires_at) VALUES ('', 'k', 'h', 'completed', '\\x31', now(), now() + interval '1 day')")
+				return 1, err
+			})
+			if !errors.Is(err, idem.ErrKeyLost) || idem.Retryable(err) {
+				t.Fatalf("%v; want ErrKeyLost, not retryable", err)
+			}
+			if s.charges() != 0 || s.count("SELECT count(*) FROM idempotency_keys") != 0 {
+				t.Fatal("the charge or fn's key row committed")
 			}
 		})
 	})

@@ -33,10 +33,13 @@ END $$`, gateKey)
 // TestClaimRaceCommitAfterSnapshot plays, deterministically, the one window
 // in which fn could run twice: a first call commits the key after a second
 // call's claim took its snapshot (so the claim cannot see the row) and
-// before that claim takes the key's lock (so the lock is free). The claim's
-// INSERT then meets the committed row, and only the ON CONFLICT … WHERE
-// guard of claim.sql stops it from taking the key over: the second call
-// must replay the first call's result, fn must have run once.
+// before that claim takes the key's lock (so the lock is free). With
+// claim.sql (an outer transaction) the claim's INSERT then meets the
+// committed row, and only the ON CONFLICT … WHERE guard stops it from taking
+// the key over; with the deferred protocol (a pool or connection, plain
+// table) only assert_deferred.sql's second look, with a snapshot taken after
+// the lock, sees it; on the partitioned table, assert_claimed_partitioned.sql.
+// The second call must replay the first call's result, fn must have run once.
 //
 // The second call is held in that window by a gate: its session resolves
 // pg_try_advisory_xact_lock to a function that first waits for an advisory
@@ -161,7 +164,7 @@ func TestClaimRaceCommitAfterSnapshot(t *testing.T) {
 		}
 		switch {
 		case runs.Load() != 1 || s.charges() != 1:
-			t.Fatalf("fn ran %d times, %d charges committed (second call: %v, %v): a claim that missed the first commit in its snapshot took the key over (the ON CONFLICT … WHERE guard of claim.sql)",
+			t.Fatalf("fn ran %d times, %d charges committed (second call: %v, %v): a claim that missed the first commit in its snapshot took the key over (claim.sql's ON CONFLICT … WHERE guard, or the second look of assert_deferred.sql or assert_claimed_partitioned.sql)",
 				runs.Load(), s.charges(), outcome, err2)
 		case err2 != nil || outcome != idem.OutcomeReplayed || second != first.c:
 			t.Fatalf("second call: %+v, %v, %v; want a replay of %+v (a claim that lost the race looks the key up again)", second, outcome, err2, first.c)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 )
@@ -381,5 +382,67 @@ create table shift_changes (idem_key text not null, doctor int not null)`); err 
 	}
 	if onCall != 1 || changes != 2 || perKey != 2 || l.inProgress() != 0 {
 		t.Fatalf("%d on call, %d shift changes for %d keys, %d keys in progress; want 1, 2, 2, 0", onCall, changes, perKey, l.inProgress())
+	}
+}
+
+// TestSessionDefaultIsolation: a session whose transactions default to
+// REPEATABLE READ or SERIALIZABLE (default_transaction_isolation, as
+// ALTER DATABASE or ALTER ROLE can set it) and a call without WithTxOptions.
+// The deferred protocol's second look cannot see a race at those levels, so
+// its assertion says so and the call claims with claim.sql instead: fn runs
+// at the session's level, once per key under a storm, and replays match.
+func TestSessionDefaultIsolation(t *testing.T) {
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(levelName(iso), func(t *testing.T) {
+			t.Parallel()
+			l := newLedger(t)
+			pool := l.directPool(func(c *pgxpool.Config) {
+				c.ConnConfig.RuntimeParams["default_transaction_isolation"] = string(iso)
+				c.MaxConns = 8
+			})
+			ctx := context.Background()
+			var runs atomic.Int64
+			for _, key := range []string{"k-1", "k-2"} { // k-2 finds the connection's verdict remembered
+				work := chargeWork(ctx, key, 1, 100, &runs)
+				var level string
+				first, outcome, err := idem.Run(ctx, pool, key, ledgerHash, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
+					if err := tx.QueryRow(ctx, "select current_setting('transaction_isolation')").Scan(&level); err != nil {
+						return receipt{}, err
+					}
+					return work(tx)
+				})
+				if err != nil || outcome != idem.OutcomeExecuted || level != string(iso) {
+					t.Fatalf("%s: %v, %v at %q; want executed at %s", key, outcome, err, level, iso)
+				}
+				again, outcome, err := idem.Run(ctx, pool, key, ledgerHash, func(_ context.Context, tx pgx.Tx) (receipt, error) { return work(tx) })
+				if err != nil || outcome != idem.OutcomeReplayed || again != first {
+					t.Fatalf("%s again: %+v, %v, %v; want %+v replayed", key, again, outcome, err, first)
+				}
+			}
+
+			// A storm on one key: one execution, whatever the others get.
+			const callers = 8
+			var wg sync.WaitGroup
+			work := chargeWork(ctx, "k-storm", 1, 100, &runs)
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _ = idem.Do(ctx, pool, "k-storm", ledgerHash, work)
+				}()
+			}
+			wg.Wait()
+			if _, err := idem.Do(ctx, pool, "k-storm", ledgerHash, work, idem.WithWait(10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if got := runs.Load(); got != 3 {
+				t.Fatalf("fn ran %d times over 3 keys, want once per key", got)
+			}
+			for _, key := range []string{"k-1", "k-2", "k-storm"} {
+				if keyRow, charges := l.committed(key); !keyRow || charges != 1 {
+					t.Fatalf("%s: key row %v, %d charges; want the key and exactly one charge", key, keyRow, charges)
+				}
+			}
+		})
 	}
 }

@@ -74,86 +74,122 @@ func abbreviateSQL(sql string) string {
 // connection, a first execution costs the round trips of the bare
 // transaction doing the same work (the claim travels with BEGIN, the stored
 // result with COMMIT), and a replay is one round trip: the failed assertion
-// ends the pipeline, so no ROLLBACK follows.
+// ends the pipeline, so no ROLLBACK follows. Both hold at every isolation
+// level: WithTxOptions' modes travel in the claim's pipeline too, and the
+// next first execution on the connection after a replay still costs what
+// the bare transaction costs (nothing had to be prepared again).
 func TestRoundTrips(t *testing.T) {
+	isolations := []pgx.TxIsoLevel{"", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}
 	for _, path := range []string{"pool", "conn"} {
-		t.Run(path, func(t *testing.T) {
-			t.Parallel()
-			l := newLedger(t)
-			ctx := context.Background()
-			var db idem.Beginner
-			if path == "pool" {
-				db = l.pool(func(c *pgxpool.Config) { c.MaxConns = 1 })
-			} else {
-				db = l.conn()
+		for _, iso := range isolations {
+			name := path + "/" + strings.ReplaceAll(string(iso), " ", "_")
+			if iso == "" {
+				name = path + "/default"
 			}
-			work := func(tx pgx.Tx) (int64, error) {
-				var balance int64
-				err := tx.QueryRow(ctx, "update accounts set balance = balance + $1 where id = $2 returning balance", 1, 7).Scan(&balance)
-				return balance, err
-			}
-			bare := func() error {
-				return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { _, err := work(tx); return err })
-			}
-			// Warm the connection: the first use of each statement prepares it.
-			if err := bare(); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := idem.Do(ctx, db, "k-warm", ledgerHash, work); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := idem.Do(ctx, db, "k-warm", ledgerHash, work); err != nil {
-				t.Fatal(err)
-			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				roundTrips(t, path, iso)
+			})
+		}
+	}
+}
 
-			var c tripCounter
-			l.proxy.SetRule(c.rule())
-			defer l.proxy.SetRule(nil)
-			if err := bare(); err != nil {
-				t.Fatal(err)
-			}
-			bareTrips := c.take()
-			first, err := idem.Do(ctx, db, "k-1", ledgerHash, work)
-			if err != nil {
-				t.Fatal(err)
-			}
-			firstTrips := c.take()
-			var replayed bool
-			again, err := idem.Do(ctx, db, "k-1", ledgerHash, work, idem.WithReplayed(&replayed))
-			if err != nil || !replayed || again != first {
-				t.Fatalf("replay: %d, replayed %v, %v; want %d replayed", again, replayed, err, first)
-			}
-			replayTrips := c.take()
+func roundTrips(t *testing.T, path string, iso pgx.TxIsoLevel) {
+	l := newLedger(t)
+	ctx := context.Background()
+	var db interface {
+		idem.Beginner
+		BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error)
+	}
+	if path == "pool" {
+		db = l.pool(func(c *pgxpool.Config) { c.MaxConns = 1 })
+	} else {
+		db = l.conn()
+	}
+	txOpts := pgx.TxOptions{IsoLevel: iso}
+	var opts []idem.Option
+	if iso != "" {
+		opts = append(opts, idem.WithTxOptions(txOpts))
+	}
+	work := func(tx pgx.Tx) (int64, error) {
+		var balance int64
+		err := tx.QueryRow(ctx, "update accounts set balance = balance + $1 where id = $2 returning balance", 1, 7).Scan(&balance)
+		return balance, err
+	}
+	bare := func() error {
+		return pgx.BeginTxFunc(ctx, db, txOpts, func(tx pgx.Tx) error { _, err := work(tx); return err })
+	}
+	replay := func(key string) (int64, error) {
+		v, outcome, err := idem.Run(ctx, db, key, ledgerHash, func(_ context.Context, tx pgx.Tx) (int64, error) { return work(tx) }, opts...)
+		if err == nil && outcome != idem.OutcomeReplayed {
+			err = fmt.Errorf("%s: outcome %v, want replayed", key, outcome)
+		}
+		return v, err
+	}
+	// Warm the connection: the first use of each statement prepares it.
+	if err := bare(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, db, "k-warm", ledgerHash, work, opts...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := replay("k-warm"); err != nil {
+		t.Fatal(err)
+	}
 
-			// A key that completed long after its claim lives until
-			// completed_at + TTL, past its expires_at: its replay is a pure
-			// read too, answered from the claim's own snapshot.
-			if _, err := l.admin.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '25 hours',
-				expires_at = now() - interval '1 hour', completed_at = now() - interval '1 minute' WHERE idempotency_key = 'k-1'`); err != nil {
-				t.Fatal(err)
-			}
-			late, err := idem.Do(ctx, db, "k-1", ledgerHash, work, idem.WithReplayed(&replayed))
-			if err != nil || !replayed || late != first {
-				t.Fatalf("replay of a key past its expires_at, within completed_at + TTL: %d, replayed %v, %v; want %d replayed", late, replayed, err, first)
-			}
-			lateTrips := c.take()
+	var c tripCounter
+	l.proxy.SetRule(c.rule())
+	defer l.proxy.SetRule(nil)
+	if err := bare(); err != nil {
+		t.Fatal(err)
+	}
+	bareTrips := c.take()
+	first, err := idem.Do(ctx, db, "k-1", ledgerHash, work, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstTrips := c.take()
+	again, err := replay("k-1")
+	if err != nil || again != first {
+		t.Fatalf("replay: %d, %v; want %d replayed", again, err, first)
+	}
+	replayTrips := c.take()
+	if _, err := idem.Do(ctx, db, "k-2", ledgerHash, work, opts...); err != nil {
+		t.Fatal(err)
+	}
+	nextTrips := c.take()
 
-			t.Logf("bare transaction: %s", show(bareTrips))
-			t.Logf("first execution:  %s", show(firstTrips))
-			t.Logf("replay:           %s", show(replayTrips))
-			if len(firstTrips) != len(bareTrips) {
-				t.Errorf("a first execution took %d round trips, the bare transaction %d:\n  Do:   %s\n  bare: %s",
-					len(firstTrips), len(bareTrips), show(firstTrips), show(bareTrips))
-			}
-			if len(replayTrips) != 1 {
-				t.Errorf("a replay took %d round trips, want 1 (a failed assertion ends the pipeline without a ROLLBACK): %s",
-					len(replayTrips), show(replayTrips))
-			}
-			if len(lateTrips) != 1 {
-				t.Errorf("the replay of a key that completed after its expires_at took %d round trips, want 1 (does the claim see it as live, by completed_at + TTL?): %s",
-					len(lateTrips), show(lateTrips))
-			}
-		})
+	// A key that completed long after its claim lives until
+	// completed_at + TTL, past its expires_at: its replay is a pure
+	// read too, answered from the claim's own snapshot.
+	if _, err := l.admin.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '25 hours',
+		expires_at = now() - interval '1 hour', completed_at = now() - interval '1 minute' WHERE idempotency_key = 'k-1'`); err != nil {
+		t.Fatal(err)
+	}
+	late, err := replay("k-1")
+	if err != nil || late != first {
+		t.Fatalf("replay of a key past its expires_at, within completed_at + TTL: %d, %v; want %d replayed", late, err, first)
+	}
+	lateTrips := c.take()
+
+	t.Logf("bare transaction: %s", show(bareTrips))
+	t.Logf("first execution:  %s", show(firstTrips))
+	t.Logf("replay:           %s", show(replayTrips))
+	if len(firstTrips) != len(bareTrips) {
+		t.Errorf("a first execution took %d round trips, the bare transaction %d:\n  Do:   %s\n  bare: %s",
+			len(firstTrips), len(bareTrips), show(firstTrips), show(bareTrips))
+	}
+	if len(replayTrips) != 1 {
+		t.Errorf("a replay took %d round trips, want 1 (a failed assertion ends the pipeline without a ROLLBACK): %s",
+			len(replayTrips), show(replayTrips))
+	}
+	if len(nextTrips) != len(bareTrips) {
+		t.Errorf("the first execution after a replay took %d round trips, the bare transaction %d (did the replay's failed pipeline make statements be prepared again?): %s",
+			len(nextTrips), len(bareTrips), show(nextTrips))
+	}
+	if len(lateTrips) != 1 {
+		t.Errorf("the replay of a key that completed after its expires_at took %d round trips, want 1 (does the claim see it as live, by completed_at + TTL?): %s",
+			len(lateTrips), show(lateTrips))
 	}
 }
 

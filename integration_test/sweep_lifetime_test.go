@@ -102,50 +102,62 @@ func TestSweepKeepsLiveKeys(t *testing.T) {
 	}
 }
 
-// The sweeper steps over a row that a claim is replacing instead of waiting
-// for the claim's transaction: an expired key being claimed anew is held by
-// a call still in fn, and a sweep with a deadline must finish well within
-// it, leaving that key alone.
+// The sweeper never waits for a call that is claiming an expired key anew,
+// and the call's result survives the sweep. With claim.sql (REPEATABLE READ
+// or SERIALIZABLE here) the claim has replaced the expired row, uncommitted,
+// and the sweep steps over it (SKIP LOCKED); with the deferred protocol (READ
+// COMMITTED) the claim wrote nothing, the sweep deletes the expired row, and
+// the completion inserts the key's row anew.
 func TestSweepSkipsKeysBeingClaimed(t *testing.T) {
 	t.Parallel()
-	s := newSetup(t)
-	ctx := context.Background()
-	if _, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET created_at = created_at - interval '2 days', expires_at = expires_at - interval '2 days', completed_at = completed_at - interval '2 days'"); err != nil {
-		t.Fatal(err)
-	}
-	release, releaseHolder := holderRelease(t)
-	entered := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil })
-		done <- err
-	}()
-	// Inside fn the claim has replaced the expired row, uncommitted. (The
-	// key's advisory lock shows earlier, while the claim still runs.)
-	select {
-	case <-entered:
-	case err := <-done:
-		t.Fatalf("the claim of the expired key: %v", err)
-	}
+	for _, tc := range []struct {
+		name        string
+		opts        []idem.Option
+		wantDeleted int64
+	}{
+		{"deferred", nil, 1},
+		{"claim", []idem.Option{idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable})}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ctx := context.Background()
+			if _, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }, tc.opts...); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET created_at = created_at - interval '2 days', expires_at = expires_at - interval '2 days', completed_at = completed_at - interval '2 days'"); err != nil {
+				t.Fatal(err)
+			}
+			release, releaseHolder := holderRelease(t)
+			entered := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				_, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil }, tc.opts...)
+				done <- err
+			}()
+			select {
+			case <-entered:
+			case err := <-done:
+				t.Fatalf("the claim of the expired key: %v", err)
+			}
 
-	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	deleted, err := idem.Sweep(bounded, s.pool)
-	releaseHolder()
-	if errors.Is(err, context.DeadlineExceeded) || bounded.Err() != nil {
-		t.Fatalf("Sweep waited for the claim's transaction until its deadline (%v): it must skip locked rows", err)
-	}
-	if err != nil || deleted != 0 {
-		t.Fatalf("Sweep = %d, %v; want 0 deleted, the only key being claimed", deleted, err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	got, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { return 3, nil })
-	if err != nil || got != 2 {
-		t.Fatalf("after the claim committed: %d, %v; want its result 2 replayed", got, err)
+			bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			deleted, err := idem.Sweep(bounded, s.pool)
+			releaseHolder()
+			if errors.Is(err, context.DeadlineExceeded) || bounded.Err() != nil {
+				t.Fatalf("Sweep waited for the claim's transaction until its deadline (%v): it must skip locked rows", err)
+			}
+			if err != nil || deleted != tc.wantDeleted {
+				t.Fatalf("Sweep = %d, %v; want %d deleted", deleted, err, tc.wantDeleted)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			got, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { return 3, nil }, tc.opts...)
+			if err != nil || got != 2 {
+				t.Fatalf("after the claim committed: %d, %v; want its result 2 replayed", got, err)
+			}
+		})
 	}
 }

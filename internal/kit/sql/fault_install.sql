@@ -13,6 +13,11 @@ CREATE TABLE {{arm}} (idempotency_key text PRIMARY KEY);
 CREATE FUNCTION {{function}}() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+	-- An update completes a key only from 'in_progress'. (An upsert that
+	-- replaces an expired row fires the INSERT trigger first.)
+	IF TG_OP = 'UPDATE' AND OLD.status <> 'in_progress' THEN
+		RETURN NEW;
+	END IF;
 	IF EXISTS (SELECT 1 FROM {{arm}} WHERE idempotency_key = NEW.idempotency_key) THEN
 		RAISE EXCEPTION 'idem test kit: injected failure: the transaction of key % rolls back after its work ran', NEW.idempotency_key;
 	END IF;
@@ -20,10 +25,12 @@ BEGIN
 END
 $$;
 
--- Only the completing update (in_progress to completed or refused) fails:
--- the claim's own update of an expired row is left alone.
+-- Only the write that completes a key fails: the completing update (from
+-- 'in_progress', where the claim inserted the row) or the completing insert
+-- (where the key's row is written once, completed, before COMMIT, or
+-- replaces an expired row).
 CREATE TRIGGER {{trigger}}
-BEFORE UPDATE ON {{table}}
+BEFORE INSERT OR UPDATE ON {{table}}
 FOR EACH ROW
-WHEN (OLD.status = 'in_progress' AND NEW.status <> 'in_progress')
+WHEN (NEW.status <> 'in_progress')
 EXECUTE FUNCTION {{function}}();

@@ -1,0 +1,33 @@
+-- claim_deferred: the claim of the deferred protocol (pipeline.go), the
+-- default on a plain table at READ COMMITTED. It writes nothing: it answers
+-- a live row from the snapshot, as claim.sql does, and otherwise takes the
+-- key's advisory lock. The key's row is written once, completed, by
+-- complete_deferred.sql in the round trip that carries COMMIT, instead of
+-- being inserted here and updated there.
+--   $1 scope   $2 key
+-- Returns one row: locked (null when a live row made locking needless),
+-- present (the key has a row, live or not: expired, or 'in_progress'
+-- committed by misuse, which the completing statement must replace), and
+-- the live row's request_hash, status, response and refusal.
+--
+-- Holding the lock is not yet owning the key: this statement's snapshot
+-- predates the lock, and a first attempt that committed (releasing the
+-- lock) in between is invisible here. assert_deferred.sql looks again.
+-- The lock is claim.sql's: (the table's oid, a 32-bit hash of scope and key).
+WITH cur AS (
+    SELECT request_hash, status, response, refusal,
+           status <> 'in_progress'
+           AND completed_at + (expires_at - created_at) > now() AS live
+    FROM idempotency_keys
+    WHERE scope = $1 AND idempotency_key = $2
+)
+SELECT CASE WHEN cur.live THEN NULL
+            ELSE pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
+                                           hashtext($1 || E'\x1f' || $2)) END,
+       cur.live IS NOT NULL,
+       CASE WHEN cur.live THEN cur.request_hash END,
+       CASE WHEN cur.live THEN cur.status END,
+       CASE WHEN cur.live THEN cur.response END,
+       CASE WHEN cur.live THEN cur.refusal END
+FROM (SELECT 1) AS one
+LEFT JOIN cur ON true
