@@ -71,6 +71,8 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	if stmts.isPartitioned && iso == pgx.RepeatableRead {
 		return claim{}, errRepeatableRead(c)
 	}
+	// The deferred protocol needs READ COMMITTED: asked for, or the
+	// session's default unless assert_deferred found otherwise before.
 	switch iso {
 	case "":
 		c.deferred = !stmts.isPartitioned && !stateOf(conn).notReadCommitted
@@ -129,7 +131,7 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		return claim{}, fmt.Errorf("set transaction modes: %w", setErr)
 	case claimErr != nil:
 		return claim{}, claimErr
-	case c.deferred && assertErr == nil && verdict < 0:
+	case c.deferred && assertErr == nil && verdict == -1 && iso == "":
 		// The session's transactions are not READ COMMITTED: claim again
 		// with claim.sql, and do so from now on on this connection.
 		rollbackConn(ctx, conn)
@@ -138,6 +140,10 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		}
 		stateOf(conn).notReadCommitted = true
 		return p.claim(ctx, c)
+	case c.deferred && assertErr == nil && verdict == -1:
+		return claim{}, fmt.Errorf("idem: the transaction is not READ COMMITTED although WithTxOptions asked for %s (does something between idem and PostgreSQL drop SET statements?)", iso)
+	case c.deferred && assertErr == nil && verdict == -2:
+		return claim{}, fmt.Errorf("idem: claim key: the key table %s cannot be written in this transaction (a read-only transaction, on a standby or by default_transaction_read_only, or no INSERT privilege on the table); fn did not run", c.s.table)
 	case stmts.isPartitioned && assertErr == nil && verdict < 0:
 		return claim{}, errRepeatableRead(c) // the caller rolls back
 	case !cl.claimed:
@@ -146,11 +152,14 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	case checked && isDivisionByZero(assertErr):
 		cl.lostRace()
 		return cl, nil
+	case c.deferred && assertErr == nil && verdict != 1 && verdict != 2:
+		return claim{}, fmt.Errorf("idem: claim key: unexpected verdict %d from the claim's assertion", verdict)
 	case assertErr != nil:
 		return claim{}, fmt.Errorf("begin: %w", assertErr)
 	case closeErr != nil:
 		return claim{}, fmt.Errorf("begin: %w", closeErr)
 	}
+	c.present = c.deferred && verdict == 2
 	p.owned = &connTx{conn: conn}
 	return cl, nil
 }

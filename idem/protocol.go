@@ -135,7 +135,6 @@ type claimTargets struct {
 	hash, status      *string
 	response, refusal []byte
 	createdAt         *time.Time
-	present           bool
 }
 
 func (c *call) scanClaim(row pgx.Row) (claim, error) {
@@ -143,14 +142,10 @@ func (c *call) scanClaim(row pgx.Row) (claim, error) {
 	*t = claimTargets{}
 	var err error
 	if c.deferred {
-		err = row.Scan(&t.locked, &t.present, &t.hash, &t.status, &t.response, &t.refusal)
-		if err != nil {
-			return claim{}, err
-		}
+		err = row.Scan(&t.locked, &t.hash, &t.status, &t.response, &t.refusal)
 		// Holding the lock is a claim unless assert_deferred finds the race
 		// lost (claim.lostRace).
-		t.claimed = t.locked != nil && *t.locked
-		c.present = t.present
+		t.claimed = err == nil && t.locked != nil && *t.locked
 	} else if c.stmts.isPartitioned {
 		err = row.Scan(&t.locked, &t.claimed, &t.hash, &t.status, &t.response, &t.refusal, &t.createdAt)
 		if err == nil && t.claimed && t.createdAt != nil {

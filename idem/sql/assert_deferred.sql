@@ -1,34 +1,46 @@
 -- assert_deferred: the second look of the deferred protocol, sent right
 -- after claim_deferred.sql in the same pipeline and before BEGIN.
 --   $1 scope   $2 key
--- At READ COMMITTED this statement takes a snapshot of its own, after the
--- claim took the key's lock, so it sees every first attempt that committed
--- before the lock was granted (PostgreSQL makes a commit visible before it
--- releases the committer's locks). It fails (division by zero, SQLSTATE
--- 22012) unless no live row of the key exists and this transaction holds
--- the key's lock; asking for a lock this transaction already holds only
--- counts it again. The failure aborts the implicit transaction before BEGIN
--- runs, so a replay, a key in progress and a lost race all leave the
--- connection idle after one round trip, with nothing written and no lock
--- kept.
+-- Fails (division by zero, SQLSTATE 22012) unless the claim took the key's
+-- lock (claim_deferred.sql records that in the transaction-local setting
+-- idem.locked) and no live row of the key exists. At READ COMMITTED this
+-- statement takes a snapshot of its own, after the claim took the lock, so
+-- it sees every first attempt that committed before the lock was granted
+-- (PostgreSQL makes a commit visible before it releases the committer's
+-- locks). The failure aborts the implicit transaction before BEGIN runs, so
+-- a replay, a key in progress and a lost race all leave the connection idle
+-- after one round trip, with nothing written and no lock kept.
 --
--- (READ UNCOMMITTED is READ COMMITTED in PostgreSQL.) At REPEATABLE READ or
--- SERIALIZABLE (a session or database default) the
--- snapshot is the claim's and would not see that first attempt: the
--- statement returns -1 instead, and Do runs the call again with claim.sql,
--- whose insertion catches it.
-SELECT CASE
-    WHEN current_setting('transaction_isolation')
-         NOT IN ('read committed', 'read uncommitted') THEN -1
-    ELSE 1 / CASE
-        WHEN EXISTS (
-            SELECT 1 FROM idempotency_keys
-            WHERE scope = $1 AND idempotency_key = $2
-              AND status <> 'in_progress'
-              AND completed_at + (expires_at - created_at) > now()
-        ) THEN 0
-        WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                       hashtext($1 || E'\x1f' || $2)) THEN 1
-        ELSE 0
+-- Otherwise it returns:
+--   1   the key is claimed, and has no row: complete_deferred.sql inserts it;
+--   2   the key is claimed, and has a row that is not live (expired, or
+--       'in_progress' committed by misuse), seen from this snapshot, after
+--       the lock: complete_deferred_replace.sql replaces it;
+--  -1   the transaction is not READ COMMITTED (READ UNCOMMITTED is READ
+--       COMMITTED in PostgreSQL). At REPEATABLE READ or SERIALIZABLE, as a
+--       session or database default, the snapshot is the claim's and would
+--       not see that first attempt: Do rolls back and claims with claim.sql,
+--       whose insertion catches it;
+--  -2   the key's row could not be written at the end: a read-only
+--       transaction (a standby, or default_transaction_read_only) or no
+--       INSERT privilege on the table. Do rolls back before fn runs, as
+--       claim.sql's insertion would have failed before it.
+-- A replay never reaches these checks: it can be answered by a standby.
+SELECT 1 / (CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
+                 THEN 1 ELSE 0 END)
+     * CASE
+        WHEN current_setting('transaction_isolation')
+             NOT IN ('read committed', 'read uncommitted') THEN -1
+        WHEN current_setting('transaction_read_only') = 'on'
+             OR NOT has_table_privilege('idempotency_keys'::regclass, 'INSERT') THEN -2
+        ELSE (
+            SELECT 1 / (CASE WHEN bool_or(live) THEN 0 ELSE 1 END)
+                 * (CASE WHEN count(*) > 0 THEN 2 ELSE 1 END)
+            FROM (
+                SELECT status <> 'in_progress'
+                       AND completed_at + (expires_at - created_at) > now() AS live
+                FROM idempotency_keys
+                WHERE scope = $1 AND idempotency_key = $2
+            ) AS k
+        )
     END
-END

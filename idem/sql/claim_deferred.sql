@@ -5,14 +5,15 @@
 -- complete_deferred.sql in the round trip that carries COMMIT, instead of
 -- being inserted here and updated there.
 --   $1 scope   $2 key
--- Returns one row: locked (null when a live row made locking needless),
--- present (the key has a row, live or not: expired, or 'in_progress'
--- committed by misuse, which the completing statement must replace), and
+-- Returns one row: locked (null when a live row made locking needless), and
 -- the live row's request_hash, status, response and refusal.
 --
 -- Holding the lock is not yet owning the key: this statement's snapshot
 -- predates the lock, and a first attempt that committed (releasing the
--- lock) in between is invisible here. assert_deferred.sql looks again.
+-- lock) in between is invisible here. assert_deferred.sql looks again. A
+-- lock taken is recorded in the transaction-local setting idem.locked
+-- (scope, 0x1f, key), which that statement reads: asking for the lock again
+-- there would take it afresh when this claim did not get it.
 -- The lock is claim.sql's: (the table's oid, a 32-bit hash of scope and key).
 WITH cur AS (
     SELECT request_hash, status, response, refusal,
@@ -22,9 +23,10 @@ WITH cur AS (
     WHERE scope = $1 AND idempotency_key = $2
 )
 SELECT CASE WHEN cur.live THEN NULL
-            ELSE pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                           hashtext($1 || E'\x1f' || $2)) END,
-       cur.live IS NOT NULL,
+            WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
+                                           hashtext($1 || E'\x1f' || $2))
+            THEN set_config('idem.locked', $1 || E'\x1f' || $2, true) IS NOT NULL
+            ELSE false END,
        CASE WHEN cur.live THEN cur.request_hash END,
        CASE WHEN cur.live THEN cur.status END,
        CASE WHEN cur.live THEN cur.response END,
