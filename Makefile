@@ -16,7 +16,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test settle-test demo bench loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test settle-test demo bench bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -62,8 +62,11 @@ generate-grpc: ## Regenerate idemgrpc's example service from its .proto (buf and
 generate-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh generation.
 	@./scripts/check-generated-grpc.sh
 
-bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer pattern.
+bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer patterns.
 	$(GO) run ./cmd/idem-bench
+
+bench-http: postgres ## idemhttp vs a bare handler over HTTP (1 ms to the database), and memory per request in flight; about 70 s.
+	$(GO) run ./cmd/idem-bench -http
 
 bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops under sustained load (ARGS=-short for a quick run).
 	$(GO) run ./cmd/idem-retention $(ARGS)

@@ -10,6 +10,7 @@
 //
 //	go run ./cmd/idem-bench [-cycles 15] [-slice 400ms] [-clients 1,8,32] [-rtt 1ms]
 //	go run ./cmd/idem-bench -components   # server CPU of each protocol piece
+//	go run ./cmd/idem-bench -http         # idemhttp against a bare handler, and memory per request
 package main
 
 import (
@@ -40,6 +41,8 @@ type options struct {
 	rtt      time.Duration
 	rttN     []int
 	parts    bool
+	http     bool
+	inflight int
 }
 
 func main() {
@@ -51,6 +54,8 @@ func main() {
 	flag.DurationVar(&o.rtt, "rtt", time.Millisecond, "emulated network round trip for the extra levels; 0 skips them")
 	flag.StringVar(&rttClients, "rtt-clients", "1,8", "client counts run over the emulated network")
 	flag.BoolVar(&o.parts, "components", false, "only price the protocol's pieces in server CPU (server on this machine)")
+	flag.BoolVar(&o.http, "http", false, "only compare idemhttp with a bare handler over HTTP, and measure memory per request in flight")
+	flag.IntVar(&o.inflight, "http-inflight", 32, "requests held in flight at once in the -http memory measurement")
 	flag.IntVar(&o.tripOps, "trip-ops", 300, "operations per variant in the round-trip count")
 	flag.IntVar(&o.allocOps, "alloc-ops", 3000, "operations per variant in the allocation count")
 	flag.Parse()
@@ -142,6 +147,9 @@ func run(ctx context.Context, o options) error {
 
 	if o.parts {
 		return b.components(ctx, os.Stdout)
+	}
+	if o.http {
+		return b.httpMode(ctx, os.Stdout)
 	}
 	trips, err := b.countTrips(ctx)
 	if err != nil {

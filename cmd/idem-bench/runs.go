@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-var variants = []variant{bare, do, replay, peer}
+var variants = []variant{bare, do, replay, peer, peertx}
 
 // sequence runs each variant n times on one client, in the order bare, do,
-// replay (over do's keys), peer, after a warm-up that prepares every
+// replay (over do's keys), peer, peertx, after a warm-up that prepares every
 // statement. measure brackets the counted operations of each variant.
 func (b *bench) sequence(ctx context.Context, pool *pgxpool.Pool, n int, measure func(name string, ops int, body func() error) error) error {
 	if err := b.reset(ctx); err != nil {
@@ -173,7 +173,7 @@ type level struct {
 }
 
 // schemaOf names the table set a variant writes to.
-var schemaOf = map[string]string{"bare": "bare.", "do": "", "peer": "peer."}
+var schemaOf = map[string]string{"bare": "bare.", "do": "", "peer": "peer.", "peertx": "peertx."}
 
 // timed runs the interleaved cycles at n clients, on tables reset for this
 // client count. Each cycle runs every variant for one slice, in an order
