@@ -217,4 +217,3 @@ func TestUnwritableKeyTableRunsNothing(t *testing.T) {
 		}
 	})
 }
-
