@@ -145,6 +145,19 @@ func (c *call) queueComplete(b *pgx.Batch, fin *finish) {
 	b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
 }
 
+// The status values as arguments, boxed once.
+var (
+	statusCompletedArg any = statusCompleted
+	statusRefusedArg   any = statusRefused
+)
+
+func statusArg(status string) any {
+	if status == statusRefused {
+		return statusRefusedArg
+	}
+	return statusCompletedArg
+}
+
 // queueCompleteDeferred queues the deferred protocol's one write of the key
 // row: an insert, or an upsert over a row that is not live.
 func (c *call) queueCompleteDeferred(b *pgx.Batch, fin *finish) {
@@ -152,7 +165,8 @@ func (c *call) queueCompleteDeferred(b *pgx.Batch, fin *finish) {
 	if c.present {
 		sql = c.stmts.completeDeferredOn
 	}
-	b.Queue(sql, c.scopeArg, c.keyArg, c.reqHash, fin.status, fin.response, fin.refusal, c.ttlMicro)
+	// The hash and the TTL are the claim's arguments, boxed once per call.
+	b.Queue(sql, c.scopeArg, c.keyArg, c.claimArgv[2], statusArg(fin.status), fin.response, fin.refusal, c.claimArgv[3])
 }
 
 // errRepeatableRead refuses a call at REPEATABLE READ on a partitioned

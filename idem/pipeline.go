@@ -6,13 +6,15 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/internal/protocolswitch"
 )
 
 // pipeline runs the protocol on a connection outside a transaction, in as
 // few round trips as the bare transaction. On a plain key table at READ
 // COMMITTED (the default) it runs the deferred protocol:
 //
-//	round trip 1: [SET modes;] claim_deferred; assert_deferred; BEGIN; set idle timeout; SAVEPOINT idem_work
+//	round trip 1: [SET modes;] claim_deferred; assert_deferred (and idle timeout); BEGIN; SAVEPOINT idem_work
 //	fn's own round trips
 //	last round trip: [ROLLBACK TO SAVEPOINT idem_work;] complete_deferred; COMMIT
 //
@@ -81,6 +83,9 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	default:
 		c.deferred = false
 	}
+	if protocolswitch.EagerClaim.Load() {
+		c.deferred = false
+	}
 	if err := prepareFirstTrip(ctx, conn, stmts, c.setTx); err != nil {
 		return claim{}, fmt.Errorf("prepare: %w", err)
 	}
@@ -88,20 +93,26 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	for _, sql := range c.setTx {
 		b.Queue(sql)
 	}
+	// Config.IdleTimeout: a local setting, so that it lives exactly as long
+	// as the call's transaction and costs no round trip of its own: set by
+	// assert_deferred on a claim, or by a statement after BEGIN. A replay
+	// never keeps it: the assertion fails before it. The server arms the
+	// timer with it at this pipeline's ReadyForQuery.
 	if c.deferred {
+		var idle any
+		if c.s.idle != nil {
+			idle = c.s.idle[0]
+		}
 		b.Queue(stmts.claimDeferred, c.scopeArg, c.keyArg)
-		b.Queue(stmts.assertDeferred, c.scopeArg, c.keyArg)
+		b.Queue(stmts.assertDeferred, c.scopeArg, c.keyArg, idle)
+		b.Queue("begin")
 	} else {
 		b.Queue(stmts.claim, c.claimArgs()...)
 		b.Queue(stmts.assertClaimed, c.scopeArg, c.keyArg)
-	}
-	b.Queue("begin")
-	// Config.IdleTimeout: a local setting after BEGIN, so that it lives
-	// exactly as long as the call's transaction and costs no round trip of
-	// its own. A replay never keeps it: the assertion fails before it. The
-	// server arms the timer with it at this pipeline's ReadyForQuery.
-	if c.s.idle != nil {
-		b.Queue(setIdleTimeoutSQL, c.s.idle...)
+		b.Queue("begin")
+		if c.s.idle != nil {
+			b.Queue(setIdleTimeoutSQL, c.s.idle...)
+		}
 	}
 	b.Queue("savepoint idem_work")
 

@@ -135,6 +135,8 @@ const connStateKey = "idem.conn"
 type connState struct {
 	layout   map[*statements]*statements
 	prepared map[*statements]bool
+	// execMode is the connection's default exec mode, 0 until asked.
+	execMode pgx.QueryExecMode
 	// preparedSQL holds the other statements of first trips prepared by
 	// name: the SET statements of WithTxOptions.
 	preparedSQL map[string]bool
@@ -243,10 +245,14 @@ const setIdleTimeoutSQL = "select set_config('idle_in_transaction_session_timeou
 // batch. Connections in another exec mode (the simple protocol, or
 // describe-only caching behind PgBouncer) are left as they are.
 func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements, setTx []string) error {
-	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+	st := stateOf(conn)
+	if st.execMode == 0 {
+		// Conn.Config copies the whole configuration: ask once.
+		st.execMode = conn.Config().DefaultQueryExecMode
+	}
+	if st.execMode != pgx.QueryExecModeCacheStatement {
 		return nil
 	}
-	st := stateOf(conn)
 	if !st.prepared[s] {
 		for _, sql := range [...]string{s.claim, s.assertClaimed, s.claimDeferred, s.assertDeferred, "begin", setIdleTimeoutSQL, "savepoint idem_work"} {
 			if sql == "" {

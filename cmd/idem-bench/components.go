@@ -36,6 +36,18 @@ func (b *bench) components(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	claimDeferred, err := read("claim_deferred.sql")
+	if err != nil {
+		return err
+	}
+	assertDeferred, err := read("assert_deferred.sql")
+	if err != nil {
+		return err
+	}
+	completeDeferred, err := read("complete_deferred.sql")
+	if err != nil {
+		return err
+	}
 	if err := b.reset(ctx); err != nil {
 		return err
 	}
@@ -99,11 +111,11 @@ func (b *bench) components(ctx context.Context, w io.Writer) error {
 			return send(q(complete, "", key, "completed", []byte(`{}`), nil), q("commit"))
 		}
 	}
-	late := func(savepoint bool) func(int) error {
+	deferred := func(savepoint bool) func(int) error {
 		return func(i int) error {
 			seq++
 			key := "component-" + strconv.Itoa(seq)
-			first := [][]any{q(lateClaimSQL, "", key), q(lateAssertSQL, "", key), q("begin")}
+			first := [][]any{q(claimDeferred, "", key), q(assertDeferred, "", key), q("begin")}
 			if savepoint {
 				first = append(first, q("savepoint idem_work"))
 			}
@@ -113,19 +125,8 @@ func (b *bench) components(ctx context.Context, w io.Writer) error {
 			if err := work(i); err != nil {
 				return err
 			}
-			return send(q(lateInsertSQL, "", key, reqHash, "completed", []byte(`{}`), nil, int64(86400e6)), q("commit"))
+			return send(q(completeDeferred, "", key, reqHash, "completed", []byte(`{}`), nil, int64(86400e6)), q("commit"))
 		}
-	}
-	floor := func(i int) error {
-		seq++
-		key := "component-" + strconv.Itoa(seq)
-		if err := send(q(floorClaimSQL, "", key, reqHash, int64(86400e6)), q(floorAssertSQL, "", key), q("begin"), q("savepoint idem_work")); err != nil {
-			return err
-		}
-		if err := work(i); err != nil {
-			return err
-		}
-		return send(q(complete, "", key, "completed", []byte(`{}`), nil), q("commit"))
 	}
 	pieces := []struct {
 		name string
@@ -140,12 +141,11 @@ func (b *bench) components(ctx context.Context, w io.Writer) error {
 			}
 			return send(q("commit"))
 		}},
-		{"idem's protocol", protocol(true, true)},
+		{"deferred: claim_deferred, assert_deferred, BEGIN, SAVEPOINT; work; complete_deferred, COMMIT", deferred(true)},
+		{"  without SAVEPOINT", deferred(false)},
+		{"eager: claim, assert_claimed, BEGIN, SAVEPOINT; work; complete, COMMIT", protocol(true, true)},
 		{"  without SAVEPOINT", protocol(false, true)},
 		{"  without assert_claimed", protocol(true, false)},
-		{"late: read+lock, recheck; work; INSERT completed", late(true)},
-		{"  late without SAVEPOINT", late(false)},
-		{"floor: read+lock, INSERT; set_config assert; work; UPDATE", floor},
 		{"plain key row: INSERT, work, UPDATE", func(i int) error {
 			seq++
 			key := "component-" + strconv.Itoa(seq)
@@ -210,45 +210,3 @@ func execAll(br pgx.BatchResults, n int) error {
 	}
 	return first
 }
-
-const (
-	lateClaimSQL = `
-WITH cur AS (
-    SELECT request_hash, status, response, refusal,
-           status <> 'in_progress' AND completed_at + (expires_at - created_at) > now() AS live
-    FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2
-)
-SELECT CASE WHEN cur.live THEN NULL
-            ELSE pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4, hashtext($1 || E'\x1f' || $2)) END,
-       cur.live IS NOT NULL, cur.request_hash, cur.status, cur.response, cur.refusal
-FROM (SELECT 1) AS one LEFT JOIN cur ON true`
-	lateAssertSQL = `
-SELECT 1 / CASE WHEN EXISTS (
-        SELECT 1 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2
-          AND status <> 'in_progress' AND completed_at + (expires_at - created_at) > now()) THEN 0
-    WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4, hashtext($1 || E'\x1f' || $2)) THEN 1
-    ELSE 0 END`
-	lateInsertSQL = `
-INSERT INTO idempotency_keys (scope, idempotency_key, request_hash, status, response, refusal,
-                              created_at, completed_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, now(), clock_timestamp(), now() + $7::bigint * interval '1 microsecond')`
-	floorClaimSQL = `
-WITH cur AS (
-    SELECT request_hash, status, response, refusal,
-           status <> 'in_progress' AND completed_at + (expires_at - created_at) > now() AS live
-    FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2
-),
-lk AS (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM cur) THEN NULL
-                ELSE pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4, hashtext($1 || E'\x1f' || $2)) END AS locked
-),
-ins AS (
-    INSERT INTO idempotency_keys (scope, idempotency_key, request_hash, status, created_at, expires_at)
-    SELECT $1, $2, $3, 'in_progress', now(), now() + $4::bigint * interval '1 microsecond'
-    FROM lk WHERE lk.locked
-    RETURNING set_config('idem.claimed', $1 || E'\x1f' || $2, true)
-)
-SELECT (SELECT locked FROM lk), EXISTS (SELECT 1 FROM ins), cur.request_hash, cur.status, cur.response, cur.refusal
-FROM (SELECT 1) AS one LEFT JOIN cur ON cur.live`
-	floorAssertSQL = `SELECT 1 / (current_setting('idem.claimed', true) = $1 || E'\x1f' || $2)::int`
-)

@@ -33,7 +33,7 @@ func readStats(ctx context.Context, admin *pgxpool.Pool, pools ...*pgxpool.Pool)
 SELECT CASE schemaname WHEN 'public' THEN '' ELSE schemaname || '.' END,
        sum(n_dead_tup)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_hot_upd)::bigint
 FROM pg_stat_user_tables
-WHERE schemaname IN ('public', 'bare', 'peer', 'peertx')
+WHERE schemaname IN ('public', 'bare', 'peer', 'peertx', 'eager', 'atend')
 GROUP BY schemaname`)
 	if err != nil {
 		return nil, err

@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-var variants = []variant{bare, do, replay, peer, peertx}
+var variants = []variant{bare, do, replay, eager, atend, peer, peertx}
 
 // sequence runs each variant n times on one client, in the order bare, do,
-// replay (over do's keys), peer, peertx, after a warm-up that prepares every
+// replay (over do's keys), eager, atend, peer, peertx, after a warm-up that prepares every
 // statement. measure brackets the counted operations of each variant.
 func (b *bench) sequence(ctx context.Context, pool *pgxpool.Pool, n int, measure func(name string, ops int, body func() error) error) error {
 	if err := b.reset(ctx); err != nil {
@@ -90,18 +90,29 @@ type costs struct {
 // server backend serving the connection (from /proc, when the server runs on
 // this machine). CPU time barely depends on the machine's other load, which
 // makes it the steadiest comparison of what each variant asks of each side.
-func (b *bench) countCosts(ctx context.Context) (map[string]costs, error) {
+func (b *bench) countCosts(ctx context.Context) (map[string][]costs, error) {
+	out := map[string][]costs{}
+	for r := 0; r < b.opts.costRounds; r++ {
+		if err := b.countCostsOnce(ctx, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// countCostsOnce is one round of countCosts, on a fresh pool and tables:
+// each variant's figures are appended to out.
+func (b *bench) countCostsOnce(ctx context.Context, out map[string][]costs) error {
 	pool, err := b.pool(ctx, 1, "")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer pool.Close()
 	var backend int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
-		return nil, err
+		return err
 	}
-	out := map[string]costs{}
-	err = b.sequence(ctx, pool, b.opts.allocOps, func(name string, ops int, body func() error) error {
+	return b.sequence(ctx, pool, b.opts.allocOps, func(name string, ops int, body func() error) error {
 		var m0, m1 runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&m0)
@@ -119,10 +130,9 @@ func (b *bench) countCosts(ctx context.Context) (map[string]costs, error) {
 		if s0 > 0 && s1 > 0 {
 			c.serverCPU = (s1 - s0) / time.Duration(ops)
 		}
-		out[name] = c
+		out[name] = append(out[name], c)
 		return nil
 	})
-	return out, err
 }
 
 func processCPU() time.Duration {
@@ -173,7 +183,7 @@ type level struct {
 }
 
 // schemaOf names the table set a variant writes to.
-var schemaOf = map[string]string{"bare": "bare.", "do": "", "peer": "peer.", "peertx": "peertx."}
+var schemaOf = map[string]string{"bare": "bare.", "do": "", "peer": "peer.", "peertx": "peertx.", "eager": "eager.", "atend": "atend."}
 
 // timed runs the interleaved cycles at n clients, on tables reset for this
 // client count. Each cycle runs every variant for one slice, in an order

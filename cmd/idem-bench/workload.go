@@ -17,7 +17,7 @@ import (
 // Each variant works on its own copy of the tables, in its own schema, so
 // that no variant inherits another's bloat or dead tuples: do and replay use
 // public (where idem's table is), bare uses bare, peer uses peer, peertx
-// uses peertx.
+// uses peertx, eager and atend theirs (protocols.go).
 const (
 	setupSQL = `
 ALTER TABLE idempotency_keys SET (autovacuum_enabled = false);
@@ -28,6 +28,12 @@ ALTER TABLE peer.peer_keys SET (autovacuum_enabled = false);
 CREATE SCHEMA peertx;
 CREATE TABLE peertx.peer_keys (LIKE idempotency_keys INCLUDING ALL);
 ALTER TABLE peertx.peer_keys SET (autovacuum_enabled = false);
+CREATE SCHEMA eager;
+CREATE TABLE eager.idempotency_keys (LIKE idempotency_keys INCLUDING ALL) WITH (fillfactor = 80);
+ALTER TABLE eager.idempotency_keys SET (autovacuum_enabled = false);
+CREATE SCHEMA atend;
+CREATE TABLE atend.idempotency_keys (LIKE idempotency_keys INCLUDING ALL) WITH (fillfactor = 80);
+ALTER TABLE atend.idempotency_keys SET (autovacuum_enabled = false);
 `
 	tablesSQL = `
 CREATE TABLE %[1]sbench_accounts (id bigint PRIMARY KEY, balance bigint NOT NULL)
@@ -41,8 +47,10 @@ CREATE TABLE %[1]sbench_ledger (
 ) WITH (autovacuum_enabled = false);
 `
 	resetSQL = `TRUNCATE bench_ledger, bare.bench_ledger, peer.bench_ledger, peertx.bench_ledger,
-    idempotency_keys, peer.peer_keys, peertx.peer_keys`
-	vacuumSQL = `VACUUM bench_accounts, bare.bench_accounts, peer.bench_accounts, peertx.bench_accounts`
+    eager.bench_ledger, atend.bench_ledger,
+    idempotency_keys, peer.peer_keys, peertx.peer_keys, eager.idempotency_keys, atend.idempotency_keys`
+	vacuumSQL = `VACUUM bench_accounts, bare.bench_accounts, peer.bench_accounts, peertx.bench_accounts,
+    eager.bench_accounts, atend.bench_accounts`
 
 	// The peer pattern: the key row in its own transaction, the work in a
 	// second, the response in a third.
@@ -56,7 +64,7 @@ WHERE scope = '' AND idempotency_key = $1`
 )
 
 // schemas are the table sets, one per variant that writes.
-var schemas = []string{"", "bare.", "peer.", "peertx."}
+var schemas = []string{"", "bare.", "peer.", "peertx.", "eager.", "atend."}
 
 // workSQL is the business work on one schema's tables: debit an account
 // picked at random among many (no hot row), append a ledger row.

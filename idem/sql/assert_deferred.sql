@@ -1,6 +1,10 @@
 -- assert_deferred: the second look of the deferred protocol, sent right
 -- after claim_deferred.sql in the same pipeline and before BEGIN.
---   $1 scope   $2 key
+--   $1 scope   $2 key   $3 Config.IdleTimeout in milliseconds, or null
+-- On a claim it also sets $3 as idle_in_transaction_session_timeout for the
+-- rest of the transaction (is_local, like SET LOCAL), which BEGIN then makes
+-- explicit: one statement fewer in the pipeline than a set_config of its
+-- own. A failed assertion never sets it.
 -- Fails (division by zero, SQLSTATE 22012) unless the claim took the key's
 -- lock (claim_deferred.sql records that in the transaction-local setting
 -- idem.locked) and no live row of the key exists. At READ COMMITTED this
@@ -42,5 +46,7 @@ SELECT 1 / (CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
                 FROM idempotency_keys
                 WHERE scope = $1 AND idempotency_key = $2
             ) AS k
-        )
+        ) * (CASE WHEN $3::text IS NULL THEN 1
+                  ELSE 1 + 0 * length(set_config('idle_in_transaction_session_timeout', $3::text, true))
+             END)
     END
