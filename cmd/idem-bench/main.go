@@ -60,8 +60,8 @@ func main() {
 	flag.BoolVar(&o.http, "http", false, "only compare idemhttp with a bare handler over HTTP, and measure memory per request in flight")
 	flag.IntVar(&o.inflight, "http-inflight", 32, "requests held in flight at once in the -http memory measurement")
 	flag.IntVar(&o.tripOps, "trip-ops", 300, "operations per variant in the round-trip count")
-	flag.IntVar(&o.allocOps, "alloc-ops", 1500, "operations per variant in each round of the CPU and allocation count")
-	flag.IntVar(&o.costRounds, "cost-rounds", 5, "rounds of the CPU and allocation count; the table shows medians and the spread")
+	flag.IntVar(&o.allocOps, "alloc-ops", 400, "operations per variant in each round of the CPU and allocation count")
+	flag.IntVar(&o.costRounds, "cost-rounds", 15, "rounds of the CPU and allocation count; the table shows medians and the spread")
 	flag.Parse()
 	var err error
 	if o.clients, err = counts(clients); err == nil {

@@ -18,15 +18,23 @@ import (
 
 var variants = []variant{bare, do, replay, eager, atend, peer, peertx}
 
-// sequence runs each variant n times on one client, in the order bare, do,
-// replay (over do's keys), eager, atend, peer, peertx, after a warm-up that prepares every
-// statement. measure brackets the counted operations of each variant.
-func (b *bench) sequence(ctx context.Context, pool *pgxpool.Pool, n int, measure func(name string, ops int, body func() error) error) error {
+// sequence runs each variant n times on one client, in the order of
+// variants rotated by rotate (so that over rounds each variant meets the
+// machine's other load as often as the next), after a warm-up that prepares
+// every statement; replays draw from keys do made. measure brackets the
+// counted operations of each variant.
+func (b *bench) sequence(ctx context.Context, pool *pgxpool.Pool, n, rotate int, measure func(name string, ops int, body func() error) error) error {
 	if err := b.reset(ctx); err != nil {
 		return err
 	}
 	c := newClient(0, "seq")
-	for _, v := range variants {
+	for i := 0; i < 20; i++ { // keys for replay, whatever the order
+		if err := do.op(ctx, pool, c); err != nil {
+			return fmt.Errorf("do warm-up: %w", err)
+		}
+	}
+	for i := range variants {
+		v := variants[(i+rotate)%len(variants)]
 		if v.name == "replay" {
 			c.replay = c.made
 		}
@@ -65,7 +73,7 @@ func (b *bench) countTrips(ctx context.Context) (map[string]float64, error) {
 	}
 	defer pool.Close()
 	out := map[string]float64{}
-	err = b.sequence(ctx, pool, b.opts.tripOps, func(name string, ops int, body func() error) error {
+	err = b.sequence(ctx, pool, b.opts.tripOps, 0, func(name string, ops int, body func() error) error {
 		before := p.trips.Load()
 		if err := body(); err != nil {
 			return err
@@ -93,7 +101,7 @@ type costs struct {
 func (b *bench) countCosts(ctx context.Context) (map[string][]costs, error) {
 	out := map[string][]costs{}
 	for r := 0; r < b.opts.costRounds; r++ {
-		if err := b.countCostsOnce(ctx, out); err != nil {
+		if err := b.countCostsOnce(ctx, out, r); err != nil {
 			return nil, err
 		}
 	}
@@ -102,7 +110,7 @@ func (b *bench) countCosts(ctx context.Context) (map[string][]costs, error) {
 
 // countCostsOnce is one round of countCosts, on a fresh pool and tables:
 // each variant's figures are appended to out.
-func (b *bench) countCostsOnce(ctx context.Context, out map[string][]costs) error {
+func (b *bench) countCostsOnce(ctx context.Context, out map[string][]costs, rotate int) error {
 	pool, err := b.pool(ctx, 1, "")
 	if err != nil {
 		return err
@@ -112,7 +120,7 @@ func (b *bench) countCostsOnce(ctx context.Context, out map[string][]costs) erro
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		return err
 	}
-	return b.sequence(ctx, pool, b.opts.allocOps, func(name string, ops int, body func() error) error {
+	return b.sequence(ctx, pool, b.opts.allocOps, rotate, func(name string, ops int, body func() error) error {
 		var m0, m1 runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&m0)
