@@ -74,7 +74,7 @@ var (
 	// at completion (a pool or connection at READ COMMITTED), fn wrote a row
 	// of its own key. Nothing was committed; the call is a programming
 	// error in fn and retrying will fail the same way.
-	ErrKeyLost = errors.New("idem: the key's row was deleted or changed inside the call (does fn write to the key table?)")
+	ErrKeyLost = errors.New("idem: the key's row was deleted, changed or written inside the call (does fn write to the key table?)")
 
 	// ErrResultTooLarge means fn's result, encoded, exceeds
 	// Config.MaxResultBytes. Nothing was stored and fn's writes rolled back;
