@@ -115,7 +115,7 @@ func (b *bench) components(ctx context.Context, w io.Writer) error {
 		return func(i int) error {
 			seq++
 			key := "component-" + strconv.Itoa(seq)
-			first := [][]any{q(claimDeferred, "", key), q(assertDeferred, "", key), q("begin")}
+			first := [][]any{q(claimDeferred, "", key), q(assertDeferred, "", key, nil), q("begin")}
 			if savepoint {
 				first = append(first, q("savepoint idem_work"))
 			}
