@@ -24,30 +24,16 @@ func (b *bench) components(ctx context.Context, w io.Writer) error {
 		raw, err := os.ReadFile(filepath.Join("idem", "sql", name))
 		return string(raw), err
 	}
-	claim, err := read("claim.sql")
-	if err != nil {
-		return fmt.Errorf("run from the repository root: %w", err)
+	sql := map[string]string{}
+	for _, name := range []string{"claim.sql", "assert_claimed.sql", "complete.sql", "claim_deferred.sql", "assert_deferred.sql", "complete_deferred.sql"} {
+		text, err := read(name)
+		if err != nil {
+			return fmt.Errorf("run from the repository root: %w", err)
+		}
+		sql[name] = text
 	}
-	assert, err := read("assert_claimed.sql")
-	if err != nil {
-		return err
-	}
-	complete, err := read("complete.sql")
-	if err != nil {
-		return err
-	}
-	claimDeferred, err := read("claim_deferred.sql")
-	if err != nil {
-		return err
-	}
-	assertDeferred, err := read("assert_deferred.sql")
-	if err != nil {
-		return err
-	}
-	completeDeferred, err := read("complete_deferred.sql")
-	if err != nil {
-		return err
-	}
+	claim, assert, complete := sql["claim.sql"], sql["assert_claimed.sql"], sql["complete.sql"]
+	claimDeferred, assertDeferred, completeDeferred := sql["claim_deferred.sql"], sql["assert_deferred.sql"], sql["complete_deferred.sql"]
 	if err := b.reset(ctx); err != nil {
 		return err
 	}

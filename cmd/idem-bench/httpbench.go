@@ -63,15 +63,7 @@ func httpVariants(rig *httpRig) []variant {
 // tables reset for this client count and a pool of n connections reached
 // through via (nil: directly).
 func (b *bench) httpTimed(ctx context.Context, n, cycles int, via *tripProxy) (level, error) {
-	l := level{clients: n, cells: map[string][]cell{}, ops: map[string]int{}}
-	if err := b.reset(ctx); err != nil {
-		return l, err
-	}
-	addr := ""
-	if via != nil {
-		addr, l.rtt = via.addr().String(), 2*via.delay
-	}
-	pool, err := b.pool(ctx, n, addr)
+	l, pool, err := b.startLevel(ctx, n, via)
 	if err != nil {
 		return l, err
 	}

@@ -193,21 +193,28 @@ type level struct {
 // schemaOf names the table set a variant writes to.
 var schemaOf = map[string]string{"bare": "bare.", "do": "", "peer": "peer.", "peertx": "peertx.", "eager": "eager.", "atend": "atend."}
 
-// timed runs the interleaved cycles at n clients, on tables reset for this
-// client count. Each cycle runs every variant for one slice, in an order
-// that rotates from cycle to cycle, so that each variant meets the machine's
-// other load as often as the next. Replays draw from every key that do has
-// completed so far.
-func (b *bench) timed(ctx context.Context, n, cycles int, via *tripProxy) (level, error) {
+// startLevel begins a level at n clients: the tables reset, a pool of n
+// connections reached through via (nil: directly).
+func (b *bench) startLevel(ctx context.Context, n int, via *tripProxy) (level, *pgxpool.Pool, error) {
 	l := level{clients: n, cells: map[string][]cell{}, ops: map[string]int{}}
 	if err := b.reset(ctx); err != nil {
-		return l, err
+		return l, nil, err
 	}
 	addr := ""
 	if via != nil {
 		addr, l.rtt = via.addr().String(), 2*via.delay
 	}
 	pool, err := b.pool(ctx, n, addr)
+	return l, pool, err
+}
+
+// timed runs the interleaved cycles at n clients, on tables reset for this
+// client count. Each cycle runs every variant for one slice, in an order
+// that rotates from cycle to cycle, so that each variant meets the machine's
+// other load as often as the next. Replays draw from every key that do has
+// completed so far.
+func (b *bench) timed(ctx context.Context, n, cycles int, via *tripProxy) (level, error) {
+	l, pool, err := b.startLevel(ctx, n, via)
 	if err != nil {
 		return l, err
 	}
