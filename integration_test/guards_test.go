@@ -97,43 +97,57 @@ func TestWrapScopesSplitUnambiguously(t *testing.T) {
 }
 
 // Forget leaves a key in progress alone and answers at once, even when the
-// key's old row is visible: an expired key that a call is claiming anew
-// (the claim holds the old row's lock until it commits).
+// key's old row is visible: an expired key that a call is claiming anew.
+// With claim.sql (here at REPEATABLE READ) the claim holds the old row's
+// lock until it commits, and a Forget that ignored the key's advisory lock
+// would wait on it; with the deferred protocol the old row is not locked,
+// and the completion replaces whatever is left of it.
 func TestForgetLeavesAKeyBeingClaimed(t *testing.T) {
 	t.Parallel()
-	s := newSetup(t)
-	ctx := context.Background()
-	keys, err := idem.NewClient(s.pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET created_at = created_at - interval '2 days', expires_at = expires_at - interval '2 days', completed_at = completed_at - interval '2 days'"); err != nil {
-		t.Fatal(err)
-	}
-	release, releaseHolder := holderRelease(t)
-	entered := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil })
-		done <- err
-	}()
-	select { // inside fn, the claim holds the old row's lock
-	case <-entered:
-	case err := <-done:
-		t.Fatalf("the claim of the expired key: %v", err)
-	}
-	ok, err := keys.Forget(contended(t), "", "k")
-	releaseHolder()
-	if !errors.Is(err, idem.ErrInProgress) || ok {
-		t.Fatalf("Forget of a key being claimed: %v, %v; want ErrInProgress at once%s", ok, err, waitedForHolder(err))
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if got, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 3, nil }); err != nil || got != 2 {
-		t.Fatalf("after the claim committed: %d, %v; want its result 2 replayed (Forget must not have deleted it)", got, err)
+	for _, tc := range []struct {
+		name string
+		opts []idem.Option
+	}{
+		{"deferred", nil},
+		{"claim", []idem.Option{idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.RepeatableRead})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			ctx := context.Background()
+			keys, err := idem.NewClient(s.pool, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }, tc.opts...); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET created_at = created_at - interval '2 days', expires_at = expires_at - interval '2 days', completed_at = completed_at - interval '2 days'"); err != nil {
+				t.Fatal(err)
+			}
+			release, releaseHolder := holderRelease(t)
+			entered := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				_, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 2, nil }, tc.opts...)
+				done <- err
+			}()
+			select {
+			case <-entered:
+			case err := <-done:
+				t.Fatalf("the claim of the expired key: %v", err)
+			}
+			ok, err := keys.Forget(contended(t), "", "k")
+			releaseHolder()
+			if !errors.Is(err, idem.ErrInProgress) || ok {
+				t.Fatalf("Forget of a key being claimed: %v, %v; want ErrInProgress at once%s", ok, err, waitedForHolder(err))
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if got, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 3, nil }, tc.opts...); err != nil || got != 2 {
+				t.Fatalf("after the claim committed: %d, %v; want its result 2 replayed (Forget must not have deleted it)", got, err)
+			}
+		})
 	}
 }
