@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,43 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/holdkeys"
 	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/schema"
 )
-
-// holdKeys claims n keys under keys and holds them, each in a transaction
-// of its own, until the returned release is called. It returns once every
-// claim is held.
-func holdKeys(t *testing.T, keys *idem.Client, prefix string, n int) (release func()) {
-	t.Helper()
-	gate := make(chan struct{})
-	var entered, done sync.WaitGroup
-	entered.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			_, err := idem.Do(context.Background(), keys, fmt.Sprintf("%s-%d", prefix, i), "h", func(pgx.Tx) (int, error) {
-				entered.Done()
-				<-gate
-				return i, nil
-			})
-			if err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	entered.Wait()
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			close(gate)
-			done.Wait()
-		})
-	}
-	t.Cleanup(release)
-	return release
-}
 
 func TestStats(t *testing.T) {
 	ctx := context.Background()
@@ -85,7 +51,7 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	release := holdKeys(t, keys, "held", inProgress)
+	release := holdkeys.Hold(t, keys, "held", inProgress)
 	heldSince := time.Now() // every holder's transaction began before this
 	time.Sleep(50 * time.Millisecond)
 	heldFor := time.Since(heldSince)
@@ -98,7 +64,7 @@ func TestStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	releaseOther := holdKeys(t, other, "other", 1)
+	releaseOther := holdkeys.Hold(t, other, "other", 1)
 
 	st, err = keys.Stats(ctx)
 	if err != nil {

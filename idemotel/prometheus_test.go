@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
+	"github.com/idemhq/idem/internal/holdkeys"
 	"github.com/idemhq/idem/internal/testdb"
 )
 
@@ -53,7 +54,7 @@ func scrape(t *testing.T, accept string, opts ...otelprom.Option) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = reg2.Unregister() })
-	holdKeys(t, keys, "held", 1)
+	holdkeys.Hold(t, keys, "held", 1)
 
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()

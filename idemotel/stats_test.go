@@ -3,7 +3,6 @@ package idemotel_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,42 +12,9 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
+	"github.com/idemhq/idem/internal/holdkeys"
 	"github.com/idemhq/idem/internal/testdb"
 )
-
-// holdKeys claims n keys under keys, each in a transaction of its own held
-// until the returned release is called (or the test ends). It returns once
-// every claim is held.
-func holdKeys(t testing.TB, keys *idem.Client, prefix string, n int) (release func()) {
-	t.Helper()
-	gate := make(chan struct{})
-	var entered, done sync.WaitGroup
-	entered.Add(n)
-	done.Add(n)
-	for i := range n {
-		go func() {
-			defer done.Done()
-			_, err := idem.Do(context.Background(), keys, fmt.Sprintf("%s-%d", prefix, i), "h", func(pgx.Tx) (int, error) {
-				entered.Done()
-				<-gate
-				return i, nil
-			})
-			if err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	entered.Wait()
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			close(gate)
-			done.Wait()
-		})
-	}
-	t.Cleanup(release)
-	return release
-}
 
 // stats is what RegisterStats reported at one collection.
 type stats struct {
@@ -139,7 +105,7 @@ func TestRegisterStats(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ANALYZE idempotency_keys"); err != nil {
 		t.Fatal(err)
 	}
-	holdKeys(t, keys, "held", inProgress)
+	holdkeys.Hold(t, keys, "held", inProgress)
 	heldSince := time.Now()
 	time.Sleep(50 * time.Millisecond)
 	heldFor := time.Since(heldSince)
@@ -176,7 +142,7 @@ func TestRegisterStatsInterval(t *testing.T) {
 	if st, err := tm.stats(t); err != nil || st.keys["in_progress"] != 0 {
 		t.Fatalf("%+v %v", st, err)
 	}
-	holdKeys(t, keys, "held", 1)
+	holdkeys.Hold(t, keys, "held", 1)
 	if st, err := tm.stats(t); err != nil || st.keys["in_progress"] != 0 {
 		t.Fatalf("within the interval: %+v %v; want the first collection's figures", st, err)
 	}

@@ -27,10 +27,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/pgurl"
 	"github.com/idemhq/idem/schema"
 )
-
-const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 type options struct {
 	cycles   int
@@ -92,17 +91,8 @@ func counts(list string) ([]int, error) {
 	return out, nil
 }
 
-func serverURL() string {
-	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
-		if u := os.Getenv(env); u != "" {
-			return u
-		}
-	}
-	return localURL
-}
-
 func run(ctx context.Context, o options) error {
-	server, err := pgx.ParseConfig(serverURL())
+	server, err := pgx.ParseConfig(pgurl.Server())
 	if err != nil {
 		return err
 	}

@@ -27,9 +27,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	"github.com/idemhq/idem/internal/pgurl"
+)
 
 type options struct {
 	duration   time.Duration
@@ -84,17 +84,8 @@ func main() {
 	}
 }
 
-func serverURL() string {
-	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
-		if u := os.Getenv(env); u != "" {
-			return u
-		}
-	}
-	return localURL
-}
-
 func run(ctx context.Context, o options) error {
-	server, err := pgx.ParseConfig(serverURL())
+	server, err := pgx.ParseConfig(pgurl.Server())
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ package pgurl
 
 import (
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 )
@@ -51,4 +52,19 @@ func WithoutPassword(u string) string {
 		p.RawQuery = q.Encode()
 	}
 	return p.String()
+}
+
+// Local is the server on the machine itself, as these machines run it:
+// 127.0.0.1:5432, trust authentication, user postgres.
+const Local = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// Server returns the server a benchmark or tool should use: the first of
+// IDEM_TEST_DATABASE_URL and DATABASE_URL that is set, else Local.
+func Server() string {
+	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(env); u != "" {
+			return u
+		}
+	}
+	return Local
 }
