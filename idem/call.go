@@ -79,18 +79,10 @@ func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error
 
 func (c *call) claimArgs() []any { return c.claimArgv[:] }
 
-// callScope is the scope a call stores its key under: the context's, or
-// the deprecated per-call WithScope, encoded with Wrap's operation if any. A
-// context scope and a different WithScope are an error rather than a guess:
-// one of them is another principal's.
+// callScope is the scope a call stores its key under: the context's (or
+// the empty scope), encoded with Wrap's operation if any.
 func callScope(ctx context.Context, s *settings) (string, error) {
-	scope, inCtx := ScopeFromContext(ctx)
-	switch {
-	case inCtx && s.scopeSet && scope != s.scope:
-		return "", inputError(ErrInvalidScope, "the context carries one scope and WithScope gives another")
-	case !inCtx:
-		scope = s.scope
-	}
+	scope, _ := ScopeFromContext(ctx)
 	if err := ValidateScope(scope); err != nil {
 		return "", err
 	}

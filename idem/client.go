@@ -62,8 +62,8 @@ type Config struct {
 	Observer Observer
 
 	// Logger receives what no caller would otherwise see: failed sweeps of
-	// Client.SweepEvery. Defaults to none (discarded): pass one in
-	// production, or an OnError to SweepEvery.
+	// Client.SweepEvery. Defaults to none: SweepEvery then reports failures
+	// to its onError, or, given neither, to slog.Default().
 	Logger *slog.Logger
 
 	// MaxResultBytes bounds the encoded result stored under a key. A larger
@@ -122,8 +122,8 @@ type Client struct {
 // wrapping ErrInvalidOption or ErrInvalidTable. db may itself be a Client, in
 // which case its database is used with cfg.
 func NewClient(db Beginner, cfg *Config) (*Client, error) {
-	if db == nil {
-		return nil, inputError(ErrInvalidOption, "NewClient: nil database")
+	if db == nil || isNilPointer(db) {
+		return nil, inputError(ErrInvalidOption, "NewClient: nil database (a nil %T)", db)
 	}
 	if c, ok := db.(*Client); ok {
 		db = c.db

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 )
 
 type scopeCtxKey struct{}
@@ -53,10 +52,6 @@ func KeyFromContext(ctx context.Context) (CallKey, bool) {
 	k, ok := ctx.Value(keyCtxKey{}).(CallKey)
 	return k, ok
 }
-
-// ErrNoKey is returned by DeriveKey outside the work of a call: there is no
-// key to derive from.
-var ErrNoKey = errors.New("idem: no idempotency key in the context (DeriveKey runs inside the work of Run, Wrap or idemhttp)")
 
 // Derive returns the idempotency key to send to a downstream service (a
 // payment processor, a bank) for the given purpose ("charge", "settle"):

@@ -20,15 +20,28 @@ type Beginner interface {
 // Do runs fn at most once per key and returns its result to every call with
 // that key, for as long as the key lives (Config.TTL after it completed).
 //
-// Do opens one transaction on db, claims key in it as 'in_progress', runs fn
-// in the same transaction, stores fn's result and commits. The key, fn's
+// Do opens one transaction on db, claims key in it, runs fn in the same
+// transaction, stores fn's result under the key and commits. The key, fn's
 // writes and the stored result commit together or not at all. A later call
 // with the same key and request hash returns the stored result without
-// running fn (Run also says which happened).
+// running fn (Run also says which happened). How the claim is made depends
+// on db, the isolation level and the table's layout (see tx.go): the key is
+// held by its advisory lock from the claim to COMMIT, and its row is either
+// inserted as 'in_progress' by the claim and updated to its outcome before
+// COMMIT, or, on a pool or connection at READ COMMITTED with the plain
+// table, written once, with its outcome, before COMMIT. Either way the row
+// and fn's writes commit in one transaction, and no other call can claim the
+// key while it is held.
 //
 // db is usually a *Client (from NewClient, carrying the deployment's
 // Config) or a *pgxpool.Pool (the defaults). The key lives in the scope that
-// ctx carries (ContextWithScope), or in the empty scope.
+// ctx carries (ContextWithScope), or in the empty scope. The empty scope is
+// one namespace shared by every caller: right for a service-layer call whose
+// keys the service makes itself (an order id, a job id), wrong for keys a
+// client sends, since a second client that sends the first one's key and
+// request would receive the first one's stored result. Put the
+// authenticated principal in the scope for those (idemhttp and idemgrpc
+// refuse keyed requests without one).
 //
 // reqHash fingerprints the request (see HashJSON and HashBytes): the same
 // key with another hash returns ErrMismatch and fn does not run.
@@ -39,19 +52,27 @@ type Beginner interface {
 //     commits with the refusal and fn's value, and Do returns the value and
 //     fn's error. Replays return the value and an equal *Refusal.
 //   - fn returns any other error, or panics, or ctx ends, or the result cannot
-//     be stored, or COMMIT fails: everything rolls back, no trace of the key
-//     remains, and the same key may be retried. fn's error is returned as it
-//     is; a panic is re-raised after the rollback.
-//   - The connection fails while COMMIT is under way: the error wraps
-//     ErrOutcomeUnknown. Retry with the same key to learn the outcome.
+//     be stored, or the server refuses COMMIT: everything rolls back, no
+//     trace of the key remains, and the same key may be retried. fn's error
+//     is returned as it is; a panic is re-raised after the rollback.
+//   - COMMIT was sent and no reply confirmed or refused it (the connection
+//     closed, or the server ended the session instead of answering): the
+//     error wraps ErrOutcomeUnknown. Retry with the same key to learn the
+//     outcome. COMMIT's own reply decides: a call whose COMMIT was confirmed
+//     succeeded, whatever arrives after that reply. Through an outer
+//     transaction the caller's COMMIT decides: use Commit to classify it.
+//   - fn ended the transaction itself (a raw COMMIT or ROLLBACK through
+//     Exec): ErrTxEnded, and nothing is stored.
 //   - Another transaction holds the key: ErrInProgress at once, without
 //     waiting for it (unless WithWait). A holder whose process froze or
 //     whose network went silent keeps the key at most Config.IdleTimeout
 //     (60s by default) after its last statement: the server then ends its
 //     session and rolls it back, and the next call runs fn.
 //   - Invalid key, scope, hash or option: an error wrapping ErrInvalidKey,
-//     ErrInvalidScope, ErrInvalidRequestHash, ErrInvalidTable or
-//     ErrInvalidOption, before any database work.
+//     ErrInvalidScope, ErrInvalidRequestHash or ErrInvalidOption, before any
+//     database work. One refusal comes after the first round trip: REPEATABLE
+//     READ on a partitioned key table (ErrInvalidOption), which only the
+//     table's layout reveals; nothing was written and fn did not run.
 //
 // The result is what every replay returns, exactly: Do stores it (as JSON,
 // or with the type's MarshalBinary) and returns the stored form, so the first
@@ -63,7 +84,8 @@ type Beginner interface {
 // plain struct.
 //
 // fn receives the transaction and must do all its database work through it.
-// It must not commit or roll it back (both return ErrTxOwned) nor keep it
+// It must not commit or roll it back (both return ErrTxOwned, and the same
+// statements sent through Exec fail the call with ErrTxEnded) nor keep it
 // after returning. fn may run again after a failed attempt, so effects
 // outside the database (a call to a payment gateway) need their own
 // idempotency key: CallKey.Derive gives one.
@@ -72,10 +94,12 @@ type Beginner interface {
 // ctx ends, the transaction rolls back; a rollback is sent with ctx's values
 // but without its cancellation, so the connection is left clean.
 //
-// With a pool or a connection, a first execution costs no round trip beyond
-// those of a bare transaction doing fn's work: the claim travels with BEGIN,
-// and the stored result with COMMIT. A replay is one round trip that takes no
-// lock and writes nothing.
+// With a pool or a connection, a first execution on a warm connection costs
+// no round trip beyond those of a bare transaction doing fn's work: the claim
+// travels with BEGIN, and the stored result with COMMIT. The first call on a
+// connection also asks the catalog for the table's layout (one round trip)
+// and prepares its statements. A replay is one round trip that takes no lock
+// and writes nothing.
 func Do[T any](ctx context.Context, db Beginner, key, reqHash string, fn func(pgx.Tx) (T, error), opts ...Option) (T, error) {
 	v, _, err := run(ctx, db, key, reqHash, plainFn[T](fn), opts, useDo)
 	return v, err
@@ -135,9 +159,6 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 			reported bool
 		}
 	)
-	if s.replayed != nil {
-		*s.replayed = false
-	}
 	obs := s.observer
 	scope, scopeErr := callScope(ctx, s)
 	if obs != nil {
@@ -161,9 +182,6 @@ func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings,
 	)
 	if err == nil {
 		v, outcome, err = settle[T](ctx, db, s, scope, key, reqHash, fn, &end.Waited)
-	}
-	if s.replayed != nil && outcome == OutcomeReplayed {
-		*s.replayed = true
 	}
 	if obs != nil {
 		end.Table, end.Scope, end.Outcome, end.Err = s.table, scope, outcome, err

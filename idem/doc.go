@@ -13,8 +13,8 @@
 //
 // # The guarantee
 //
-// Do claims the key through the table's primary key, runs fn and stores its
-// result in one transaction. The key, fn's writes and the stored result
+// Do claims the key (under its advisory lock, checked against the table's
+// row for the key), runs fn and stores its result in one transaction. The key, fn's writes and the stored result
 // commit together or roll back together, so there is no second system to
 // drift out of step with the database:
 //
@@ -32,8 +32,9 @@
 // A key is replayed for a TTL after it completed (24 hours by default) and
 // deleted by Sweep afterwards. At scale the table can be partitioned by claim
 // time (schema.ApplyPartitioned): Sweep then drops whole partitions instead of
-// deleting rows, and everything else works unchanged (docs/SCALING.md). Do's
-// documentation states the contract in full.
+// deleting rows. The contract is the same, except that REPEATABLE READ is
+// refused there (docs/SCALING.md says why). Do's documentation states the
+// contract in full.
 //
 // # Example
 //
@@ -69,10 +70,12 @@
 //
 // # Cost
 //
-// With a pool or a connection, a first execution takes no round trip beyond
-// those of the bare transaction: the claim travels in the pipeline that
-// carries BEGIN, and the stored result in the one that carries COMMIT. A
-// replay is one round trip that takes no lock and writes nothing.
+// With a pool or a connection, a first execution on a warm connection takes
+// no round trip beyond those of the bare transaction: the claim travels in
+// the pipeline that carries BEGIN, and the stored result in the one that
+// carries COMMIT. The first call on a connection adds one round trip for the
+// table's layout and prepares its statements. A replay is one round trip
+// that takes no lock and writes nothing.
 //
 // # Operations
 //

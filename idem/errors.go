@@ -32,9 +32,7 @@ var (
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 
 	// ErrInvalidScope means the scope is longer than 255 bytes, not valid
-	// UTF-8, or holds a control character, or that a call was given two
-	// different scopes (the context's and WithScope). Nothing was sent to the
-	// database.
+	// UTF-8, or holds a control character. Nothing was sent to the database.
 	ErrInvalidScope = errors.New("idem: invalid scope")
 
 	// ErrInvalidRequestHash means the request hash is empty, longer than 255
@@ -42,12 +40,16 @@ var (
 	// to the database.
 	ErrInvalidRequestHash = errors.New("idem: invalid request hash")
 
-	// ErrInvalidTable means the table given to WithTable is not a plain,
-	// optionally schema-qualified, lower-case identifier.
+	// ErrInvalidTable means a table name (Config.Table, or one given to
+	// schema.ApplyTable) is not a plain, optionally schema-qualified,
+	// lower-case identifier. Nothing was sent to the database.
 	ErrInvalidTable = sqltext.ErrInvalidTable
 
-	// ErrInvalidOption means an option was given a value outside its range
-	// (a negative TTL, a nil pointer). Nothing was sent to the database.
+	// ErrInvalidOption means an option or a Config field was given a value
+	// outside its range (a negative TTL, a nil database), or a call asked for
+	// what its database cannot give (REPEATABLE READ on a partitioned key
+	// table, refused after the first round trip, before fn runs). Nothing was
+	// written.
 	ErrInvalidOption = sqltext.ErrInvalidOption
 
 	// ErrOutcomeUnknown means the connection failed while COMMIT was on its
@@ -76,10 +78,22 @@ var (
 	// error in fn and retrying will fail the same way.
 	ErrKeyLost = errors.New("idem: the key's row was deleted, changed or written inside the call (does fn write to the key table?)")
 
+	// ErrTxEnded means fn ended the call's transaction itself, with a raw
+	// COMMIT, ROLLBACK, END or ABORT sent through Exec (the methods return
+	// ErrTxOwned): whatever fn wrote before that may have committed without
+	// the key, so a retry may repeat it. idem stored nothing and rolled back
+	// what was still open. The call is a programming error in fn and
+	// retrying will fail the same way.
+	ErrTxEnded = errors.New("idem: fn ended the call's transaction (a COMMIT, ROLLBACK, END or ABORT sent through Exec); its earlier writes may have committed without the key")
+
 	// ErrResultTooLarge means fn's result, encoded, exceeds
 	// Config.MaxResultBytes. Nothing was stored and fn's writes rolled back;
 	// retrying will fail the same way.
 	ErrResultTooLarge = errors.New("idem: the result is too large to store")
+
+	// ErrNoKey is returned by DeriveKey outside the work of a call: there is
+	// no key to derive from.
+	ErrNoKey = errors.New("idem: no idempotency key in the context (DeriveKey runs inside the work of Run, Wrap or idemhttp)")
 
 	// ErrNotFound is returned by Client.Lookup for a key that has no row
 	// and is not in progress.

@@ -31,9 +31,39 @@ func execAll(br pgx.BatchResults, n int) (int, error) {
 	return failed, first
 }
 
-// commitError classifies a failure of the round trip that carries COMMIT.
-// A server error or a request that never left means nothing committed; any
-// other failure after sending leaves the outcome unknown.
+// lastTripError turns the failure of the round trip that carries COMMIT,
+// COMMIT at index commitAt, into the call's error, or nil when COMMIT's own
+// reply confirmed it (dbtx.ClassifyCommit: whatever arrives after that reply,
+// a FATAL from pg_terminate_backend, say, does not undo the commit). keyAt is
+// the completing statement's index; deferred marks the deferred protocol,
+// whose completing INSERT meets a unique violation where the key's row was
+// written inside the call.
+func lastTripError(failed, keyAt, commitAt int, err error, deferred bool) error {
+	switch dbtx.ClassifyCommit(failed, commitAt, err) {
+	case dbtx.Committed:
+		return nil
+	case dbtx.Unknown:
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	switch {
+	case failed == keyAt && isTxEnded(err):
+		return fmt.Errorf("%w: %w", ErrTxEnded, err)
+	case failed == keyAt && (isKeyLost(err) || deferred && isUniqueViolation(err)):
+		return keyLostError(err)
+	case failed < commitAt:
+		// The server refused a statement before COMMIT (a trigger on the key
+		// table, say), or ended the session before it read COMMIT: the
+		// transaction aborted and nothing committed.
+		return fmt.Errorf("idem: store result: %w", err)
+	}
+	return fmt.Errorf("idem: commit: %w", err)
+}
+
+// commitError classifies the failure of a COMMIT sent on its own through
+// pgx.Tx.Commit, which cannot show COMMIT's reply apart from a FATAL that
+// follows it: such a FATAL leaves the outcome unknown, never a false
+// "failed". An outer transaction's savepoint release commits nothing, so
+// its failure is a plain one: the caller's COMMIT decides.
 func commitError(err error, ownsCommit bool) error {
 	if ownsCommit && dbtx.CommitOutcomeUnknown(err) {
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
@@ -56,6 +86,14 @@ func isKeyLost(err error) bool { return isDivisionByZero(err) }
 func isDivisionByZero(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.DivisionByZero
+}
+
+// isTxEnded reports the completing statement's guard against a transaction
+// that is not the claim's: its cast of a sentence to int (SQLSTATE 22P02)
+// when the claim's transaction-local marker idem.locked is gone.
+func isTxEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidTextRepresentation
 }
 
 func keyLostError(err error) error {

@@ -116,7 +116,10 @@ func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 	complete := b.Len()
 	c.queueComplete(b, fin)
 	if failed, err := execAll(n.txn.SendBatch(ctx, b), b.Len()); err != nil {
-		if failed == complete && isKeyLost(err) {
+		switch {
+		case failed == complete && isTxEnded(err):
+			return fmt.Errorf("%w: %w", ErrTxEnded, err)
+		case failed == complete && isKeyLost(err):
 			return keyLostError(err)
 		}
 		return fmt.Errorf("idem: store result: %w", err)
@@ -125,6 +128,11 @@ func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 		return commitError(err, !n.outer())
 	}
 	return nil
+}
+
+func (n *nested) ended() bool {
+	conn := n.txn.Conn()
+	return conn != nil && !conn.IsClosed() && conn.PgConn().TxStatus() == 'I'
 }
 
 func (n *nested) abort(ctx context.Context) {

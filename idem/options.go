@@ -7,14 +7,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// An Option adjusts one call of Do, Run or Wrap, or one Sweep, for what
+// An Option adjusts one call of Do, Run or Wrap for what
 // varies per call: WithWait, WithTxOptions, WithObserver. Deployment
 // settings (table, TTL, sealer, observer, logger, limits) belong in Config,
 // checked once by NewClient.
 //
-// An option passed where it does not apply (WithBatchSize to Do, WithWait to
-// Sweep, WithReplayed to Wrap) is an error wrapping ErrInvalidOption, as is an
-// option given a value outside its range; the call then does nothing else.
+// An option given a value outside its range is an error wrapping
+// ErrInvalidOption; the call then does nothing else.
 // A nil Option is ignored.
 type Option interface {
 	apply(s *settings, u use)
@@ -80,13 +79,10 @@ type settings struct {
 	// allocate it; nil sends nothing (Config.IdleTimeout).
 	idle []any
 
-	wait     time.Duration
-	txOpts   pgx.TxOptions
-	scope    string
-	scopeSet bool // the deprecated per-call WithScope was given
+	wait   time.Duration
+	txOpts pgx.TxOptions
 	// operation is Wrap's: the call's scope is stored encoded with it.
 	operation string
-	replayed  *bool // the deprecated WithReplayed
 	err       error
 }
 
@@ -176,102 +172,11 @@ func WithObserver(o Observer) Option {
 	}}
 }
 
-// WithTTL sets how long a completed key is replayed, counted from its
-// completion. ttl must be positive. Applies to Do, Run and Wrap.
-//
-// Deprecated: the TTL is deployment configuration: set Config.TTL and pass
-// the Client from NewClient. WithTTL overrides it for one call.
-func WithTTL(ttl time.Duration) Option {
-	return &option{name: "WithTTL", where: useCall, set: func(s *settings) error {
-		if ttl <= 0 {
-			return inputError(ErrInvalidOption, "WithTTL(%v): must be positive", ttl)
-		}
-		s.ttl = ttl
-		return nil
-	}}
-}
-
-// WithScope sets the namespace of the key for one call, as ContextWithScope
-// does for a context. A call given both a context scope and a different
-// WithScope fails with ErrInvalidScope rather than pick one. Applies to Do,
-// Run and Wrap.
-//
-// Deprecated: carry the scope in the context (ContextWithScope), so that
-// one Wrap or one middleware serves every principal.
-func WithScope(scope string) Option {
-	return &option{name: "WithScope", where: useCall, set: func(s *settings) error {
-		s.scope, s.scopeSet = scope, true
-		return nil
-	}}
-}
-
-// WithTable sets the table that holds the keys, optionally schema-qualified
-// ("billing.idempotency_keys"). It must be a plain lower-case identifier;
-// otherwise the call fails with ErrInvalidTable. Applies to Do, Run, Wrap and
-// Sweep.
-//
-// Deprecated: the table is deployment configuration: set Config.Table.
-func WithTable(table string) Option {
-	return &option{name: "WithTable", where: useCall | useSweep, set: func(s *settings) error {
-		s.table = table
-		return nil
-	}}
-}
-
-// WithSealer makes the call pass what it stores through sl (see Sealer).
-// Applies to Do, Run and Wrap.
-//
-// Deprecated: the sealer is deployment configuration: set Config.Sealer.
-func WithSealer(sl Sealer) Option {
-	return &option{name: "WithSealer", where: useCall, set: func(s *settings) error {
-		s.sealer = sl
-		return nil
-	}}
-}
-
-// WithBatchSize sets how many expired keys Sweep deletes per statement; n
-// must be positive. Applies to Sweep only.
-//
-// Deprecated: set Config.SweepBatchSize.
-func WithBatchSize(n int) Option {
-	return &option{name: "WithBatchSize", where: useSweep, set: func(s *settings) error {
-		if n <= 0 {
-			return inputError(ErrInvalidOption, "WithBatchSize(%d): must be positive", n)
-		}
-		s.batch = n
-		return nil
-	}}
-}
-
-// WithReplayed makes Do set *p to whether its result was replayed. It
-// applies to Do only: a Wrap'd function or a middleware shares its options
-// between concurrent calls, so one pointer would race, and Run returns the
-// Outcome.
-//
-// Deprecated: use Run, which returns the Outcome, as singleflight's Do
-// returns shared.
-func WithReplayed(p *bool) Option {
-	return &option{name: "WithReplayed", where: useDo, set: func(s *settings) error {
-		if p == nil {
-			return inputError(ErrInvalidOption, "WithReplayed(nil)")
-		}
-		s.replayed = p
-		return nil
-	}}
-}
-
 // CheckOptions reports whether opts are valid for a call of Run (and so of
-// Do), without touching a database: nil, or an error wrapping ErrInvalidOption,
-// ErrInvalidScope or ErrInvalidTable. Integrations that pass the same
+// Do), without touching a database: nil, or an error wrapping
+// ErrInvalidOption. Integrations that pass the same
 // per-call options to every call check them with it once, at start-up.
 // Deployment settings belong in a Config, which NewClient checks.
 func CheckOptions(opts ...Option) error {
-	s := defaultSettings().with(opts, useRun)
-	if s.err != nil {
-		return s.err
-	}
-	if s.scopeSet {
-		return ValidateScope(s.scope)
-	}
-	return nil
+	return defaultSettings().with(opts, useRun).err
 }

@@ -196,20 +196,14 @@ func (p *pipeline) finish(ctx context.Context, c *call, fin *finish) error {
 	}
 	b.Queue("commit")
 	failed, err := execAll(p.conn.SendBatch(ctx, b), b.Len())
-	switch {
-	case err == nil:
-		return nil
-	case failed == complete && (isKeyLost(err) || c.deferred && isUniqueViolation(err)):
-		return keyLostError(err)
-	case failed < b.Len()-1 && isServerError(err):
-		// The server refused a statement before COMMIT (a trigger on the key
-		// table, say): the transaction aborted and nothing committed.
-		return fmt.Errorf("idem: store result: %w", err)
-	}
-	return commitError(err, true)
+	return lastTripError(failed, complete, b.Len()-1, err, c.deferred)
 }
 
 func (p *pipeline) abort(ctx context.Context) { rollbackConn(ctx, p.conn) }
+
+func (p *pipeline) ended() bool {
+	return !p.conn.IsClosed() && p.conn.PgConn().TxStatus() == 'I'
+}
 
 func (p *pipeline) reader() querier { return p.conn }
 

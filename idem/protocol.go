@@ -28,6 +28,9 @@ type session interface {
 	abort(ctx context.Context)
 	// reader reads rows once the attempt's transaction is gone.
 	reader() querier
+	// ended reports that the claim's transaction is no longer open on the
+	// connection: fn sent COMMIT, ROLLBACK, END or ABORT itself.
+	ended() bool
 }
 
 type querier interface {
@@ -83,6 +86,17 @@ func protocol[T any, W work[T]](ctx context.Context, s session, c *call, fn W) (
 	}()
 	v, fnErr := fn.call(ctx, c, s.tx())
 	s.closeTx()
+	if s.ended() {
+		// The completing statement's marker check catches a transaction
+		// ended and begun anew; this catches one left ended, on the error
+		// path too, where nothing else would look.
+		finished = true
+		s.abort(ctx)
+		if fnErr != nil {
+			return zero, OutcomeFailed, fmt.Errorf("%w (fn returned: %v)", ErrTxEnded, fnErr)
+		}
+		return zero, OutcomeFailed, ErrTxEnded
+	}
 
 	fin, stored, err := finishing(ctx, c, v, fnErr)
 	if err != nil {

@@ -24,6 +24,13 @@ type wireFault struct {
 	// onConnOnly: the point exists only in the pipelined protocol Do runs
 	// on a pool or a connection.
 	onConnOnly bool
+	// confirmed: COMMIT's reply reached the client before the connection
+	// failed, so the call succeeded, whatever came after the reply.
+	confirmed bool
+}
+
+func rule(match faultproxy.Match, a faultproxy.Action) func() faultproxy.Rule {
+	return func() faultproxy.Rule { return faultproxy.Once(match, a) }
 }
 
 func cut(match faultproxy.Match) func() faultproxy.Rule {
@@ -47,6 +54,14 @@ var wireFaults = []wireFault{
 	{name: "d_commit_lost", rule: cut(faultproxy.ClientSQL("commit"))},
 	// (d) COMMIT reached the server and committed; its answer is lost.
 	{name: "d_commit_answer_lost", rule: cut(faultproxy.ServerTag("COMMIT")), committed: true},
+	// (d) COMMIT committed and the session was terminated (FATAL 57P01)
+	// instead of its reply.
+	{name: "d_commit_answered_by_fatal", rule: rule(faultproxy.ServerTag("COMMIT"), faultproxy.FatalBefore), committed: true},
+	// (e) COMMIT's reply arrived, then a FATAL before the pipeline's
+	// ReadyForQuery: the call succeeded.
+	{name: "e_commit_confirmed_then_fatal", rule: rule(faultproxy.ServerTag("COMMIT"), faultproxy.FatalAfter), committed: true, confirmed: true},
+	// (e) COMMIT's reply arrived, then the connection was reset.
+	{name: "e_commit_confirmed_then_reset", rule: rule(faultproxy.ServerTag("COMMIT"), faultproxy.CutAfter), committed: true, confirmed: true},
 }
 
 // TestFaultWire cuts one Do call at each point of wireFaults, over a pool,
@@ -98,7 +113,7 @@ func runWireFault(t *testing.T, l *ledger, path string, f wireFault) {
 		l.proxy.SetRule(f.rule())
 		first, doErr = idem.Do(ctx, tx, key, ledgerHash, work)
 		if doErr == nil {
-			outerErr = tx.Commit(ctx)
+			outerErr = idem.Commit(ctx, tx)
 		} else {
 			_ = tx.Rollback(ctx)
 		}
@@ -117,14 +132,20 @@ func runWireFault(t *testing.T, l *ledger, path string, f wireFault) {
 	}
 
 	switch {
+	case path != "outer_tx" && f.confirmed:
+		if doErr != nil {
+			t.Fatalf("Do: %v; COMMIT's reply confirmed the commit, so the call succeeded", doErr)
+		}
 	case path != "outer_tx" && strings.HasPrefix(f.name, "d_"):
 		unknown(t, doErr)
-	case path == "outer_tx" && strings.HasPrefix(f.name, "d_"):
-		// COMMIT is the caller's: Do succeeded and the caller's Commit
-		// failed, without knowing whether it committed.
-		if doErr != nil || outerErr == nil {
-			t.Fatalf("Do: %v, outer commit: %v; want Do to succeed and the commit to fail", doErr, outerErr)
+	case path == "outer_tx" && (strings.HasPrefix(f.name, "d_") || f.confirmed):
+		// COMMIT is the caller's: Do succeeded and idem.Commit failed
+		// without knowing whether it committed (pgx's Commit cannot show
+		// a confirmed COMMIT apart from the FATAL after it).
+		if doErr != nil {
+			t.Fatalf("Do: %v; want it to succeed, COMMIT being the caller's", doErr)
 		}
+		unknown(t, outerErr)
 	default:
 		definite(t, doErr)
 		if !idem.Retryable(doErr) {

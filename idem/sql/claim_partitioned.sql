@@ -38,8 +38,11 @@ WITH cur AS (
 ),
 lk AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM cur) THEN NULL
-                ELSE pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                               hashtext($1 || E'\x1f' || $2)) END AS locked
+                WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
+                                               hashtext($1 || E'\x1f' || $2))
+                -- The marker the completing statement checks (complete.sql).
+                THEN set_config('idem.locked', $1 || E'\x1f' || $2, true) IS NOT NULL
+                ELSE false END AS locked
 ),
 at AS MATERIALIZED (
     SELECT clock_timestamp() AS t

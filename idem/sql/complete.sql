@@ -12,4 +12,7 @@ WITH done AS (
     WHERE scope = $1 AND idempotency_key = $2 AND status = 'in_progress'
     RETURNING 1
 )
-SELECT 1 / count(*)::int FROM done
+SELECT CAST(CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
+            THEN '1' ELSE 'idem: the transaction that claimed the key has ended' END AS int)
+       * (1 / count(*)::int)
+FROM done

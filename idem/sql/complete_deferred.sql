@@ -13,5 +13,7 @@
 INSERT INTO idempotency_keys
     (scope, idempotency_key, request_hash, status, response, refusal,
      created_at, completed_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6,
-        now(), clock_timestamp(), now() + $7::bigint * interval '1 microsecond')
+SELECT $1, $2, $3, $4, $5, $6,
+       now(), clock_timestamp(), now() + $7::bigint * interval '1 microsecond'
+WHERE CAST(CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
+            THEN '1' ELSE 'idem: the transaction that claimed the key has ended' END AS int) = 1

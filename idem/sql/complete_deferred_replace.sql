@@ -25,4 +25,7 @@ WITH done AS (
            OR k.completed_at + (k.expires_at - k.created_at) <= now()
     RETURNING 1
 )
-SELECT 1 / count(*)::int FROM done
+SELECT CAST(CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
+            THEN '1' ELSE 'idem: the transaction that claimed the key has ended' END AS int)
+       * (1 / count(*)::int)
+FROM done

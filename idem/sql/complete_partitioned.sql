@@ -17,4 +17,7 @@ WITH done AS (
       AND created_at >= now() AND created_at - $6 = interval '0'
     RETURNING 1
 )
-SELECT 1 / count(*)::int FROM done
+SELECT CAST(CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
+            THEN '1' ELSE 'idem: the transaction that claimed the key has ended' END AS int)
+       * (1 / count(*)::int)
+FROM done

@@ -77,7 +77,34 @@ const (
 	// only through its own timeouts. The peer that closes sees its own
 	// socket close; the other keeps waiting until CutAll or Close.
 	Partition
+	// FatalBefore, for a server message, delivers in its place the FATAL
+	// ErrorResponse (SQLSTATE 57P01) that pg_terminate_backend makes the
+	// server send, then closes both sides: the session ended instead of
+	// answering.
+	FatalBefore
+	// FatalAfter, for a server message, forwards it, then delivers that
+	// FATAL and closes both sides: the session ended right after answering,
+	// as when a termination arrives between COMMIT's reply and the
+	// pipeline's closing ReadyForQuery.
+	FatalAfter
 )
+
+// fatalMessage is the ErrorResponse of a terminated backend.
+var fatalMessage = func() []byte {
+	var body []byte
+	for _, f := range [][2]string{
+		{"S", "FATAL"}, {"V", "FATAL"}, {"C", "57P01"},
+		{"M", "terminating connection due to administrator command"},
+	} {
+		body = append(body, f[0][0])
+		body = append(body, f[1]...)
+		body = append(body, 0)
+	}
+	body = append(body, 0)
+	msg := []byte{'E', 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(body)+4))
+	return append(msg, body...)
+}()
 
 func (a Action) String() string {
 	switch a {
@@ -91,6 +118,10 @@ func (a Action) String() string {
 		return "blackhole"
 	case Partition:
 		return "partition"
+	case FatalBefore:
+		return "fatal before"
+	case FatalAfter:
+		return "fatal after"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -511,6 +542,10 @@ func (s *session) pump(r *bufio.Reader, dst net.Conn, fromClient bool) {
 			// before the message.
 			_ = w.Flush()
 			continue
+		case FatalBefore:
+			_, _ = w.Write(fatalMessage)
+			s.apply(act, w)
+			return
 		case CutBefore, Blackhole:
 			s.apply(act, w)
 			if act == Blackhole {
@@ -524,7 +559,10 @@ func (s *session) pump(r *bufio.Reader, dst net.Conn, fromClient bool) {
 		if _, err := w.Write(body); err != nil {
 			return
 		}
-		if act == CutAfter {
+		if act == FatalAfter {
+			_, _ = w.Write(fatalMessage)
+		}
+		if act == CutAfter || act == FatalAfter {
 			s.apply(act, w)
 			return
 		}
