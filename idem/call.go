@@ -29,10 +29,13 @@ type call struct {
 	// setTxSQL); none without options.
 	setTx []string
 
-	// deferred marks an attempt on the deferred protocol (pipeline.go):
-	// the key's row is written once, completed, before COMMIT. present says
-	// the key has a row that is not live, which that write replaces.
-	deferred, present bool
+	// proto is the attempt's protocol (chooseProtocol), and what its claim
+	// told its completion: replace, that deferredProtocol's write replaces a
+	// row that is not live; createdAt, the row partitionedProtocol claimed
+	// on a table where the key may have older rows.
+	proto     protocol
+	replace   bool
+	createdAt time.Time
 
 	// What every attempt sends and scans lives here, allocated once with the
 	// call: the arguments boxed once (scope and key go out three times), the
@@ -40,9 +43,6 @@ type call struct {
 	scopeArg, keyArg any
 	claimArgv        [4]any
 	scan             claimTargets
-	// createdAt names the row claimed on a partitioned table, whose key may
-	// have older rows (claim_partitioned.sql).
-	createdAt time.Time
 }
 
 func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error) {
@@ -126,43 +126,4 @@ func setTxSQL(s *settings) []string {
 		out = append(out, "set transaction_deferrable = off")
 	}
 	return out
-}
-
-// queueComplete queues the completing statement of the call's layout.
-func (c *call) queueComplete(b *pgx.Batch, fin *finish) {
-	if c.stmts.isPartitioned {
-		b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal, c.createdAt)
-		return
-	}
-	b.Queue(c.stmts.complete, c.scopeArg, c.keyArg, fin.status, fin.response, fin.refusal)
-}
-
-// The status values as arguments, boxed once.
-var (
-	statusCompletedArg any = statusCompleted
-	statusRefusedArg   any = statusRefused
-)
-
-func statusArg(status string) any {
-	if status == statusRefused {
-		return statusRefusedArg
-	}
-	return statusCompletedArg
-}
-
-// queueCompleteDeferred queues the deferred protocol's one write of the key
-// row: an insert, or an upsert over a row that is not live.
-func (c *call) queueCompleteDeferred(b *pgx.Batch, fin *finish) {
-	sql := c.stmts.completeDeferred
-	if c.present {
-		sql = c.stmts.completeDeferredOn
-	}
-	// The hash and the TTL are the claim's arguments, boxed once per call.
-	b.Queue(sql, c.scopeArg, c.keyArg, c.claimArgv[2], statusArg(fin.status), fin.response, fin.refusal, c.claimArgv[3])
-}
-
-// errRepeatableRead refuses a call at REPEATABLE READ on a partitioned
-// table: see assert_claimed_partitioned.sql.
-func errRepeatableRead(c *call) error {
-	return inputError(ErrInvalidOption, "REPEATABLE READ on the partitioned key table %s: its snapshot, taken before the key's lock, cannot see a first attempt that committed in between, and no unique index catches it across partitions; use READ COMMITTED or SERIALIZABLE", c.s.table)
 }

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/idem"
@@ -72,20 +74,87 @@ func TestRefusalIs(t *testing.T) {
 
 func TestCheckOptions(t *testing.T) {
 	t.Parallel()
-	if err := idem.CheckOptions(idem.WithTTL(time.Hour), idem.WithTable("billing.keys"), idem.WithScope("t1")); err != nil {
+	valid := []idem.Option{
+		idem.WithWait(time.Second),
+		idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.Serializable, DeferrableMode: pgx.NotDeferrable}),
+		idem.WithObserver(nil),
+		nil, // ignored
+	}
+	if err := idem.CheckOptions(valid...); err != nil {
 		t.Fatalf("valid options: %v", err)
 	}
-	for _, c := range []struct {
-		opt  idem.Option
-		want error
-	}{
-		{idem.WithTTL(0), idem.ErrInvalidOption},
-		{idem.WithWait(-1), idem.ErrInvalidOption},
-		{idem.WithTable("Keys"), idem.ErrInvalidTable},
-		{idem.WithScope("bad\x00"), idem.ErrInvalidScope},
+	for name, opt := range map[string]idem.Option{
+		"negative wait":     idem.WithWait(-1),
+		"read only":         idem.WithTxOptions(pgx.TxOptions{AccessMode: pgx.ReadOnly}),
+		"begin query":       idem.WithTxOptions(pgx.TxOptions{BeginQuery: "begin"}),
+		"unknown isolation": idem.WithTxOptions(pgx.TxOptions{IsoLevel: "chaos"}),
+		"unknown deferral":  idem.WithTxOptions(pgx.TxOptions{DeferrableMode: "later"}),
 	} {
-		if err := idem.CheckOptions(c.opt); !errors.Is(err, c.want) {
-			t.Errorf("CheckOptions: %v, want %v", err, c.want)
+		if err := idem.CheckOptions(opt); !errors.Is(err, idem.ErrInvalidOption) {
+			t.Errorf("CheckOptions(%s) = %v, want ErrInvalidOption", name, err)
+		}
+		// One bad option spoils the lot, wherever it stands.
+		if err := idem.CheckOptions(append(valid, opt)...); !errors.Is(err, idem.ErrInvalidOption) {
+			t.Errorf("CheckOptions(valid..., %s) = %v, want ErrInvalidOption", name, err)
 		}
 	}
+}
+
+// TestNewClientConfig checks the deployment settings that NewClient refuses
+// once, at start-up, with the sentinel a caller branches on; none of this
+// touches a database.
+func TestNewClientConfig(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []*idem.Config{
+		nil,
+		{},
+		{Table: "billing.keys", TTL: time.Hour, SweepBatchSize: 10},
+		{Table: "idempotency_keys", TTL: time.Nanosecond, MaxResultBytes: 1, IdleTimeout: -1},
+	} {
+		if _, err := idem.NewClient(fakeBeginner{}, cfg); err != nil {
+			t.Errorf("NewClient(%+v): %v", cfg, err)
+		}
+	}
+	for name, c := range map[string]struct {
+		cfg  idem.Config
+		want error
+	}{
+		"negative TTL":         {idem.Config{TTL: -time.Second}, idem.ErrInvalidOption},
+		"negative max result":  {idem.Config{MaxResultBytes: -1}, idem.ErrInvalidOption},
+		"negative batch":       {idem.Config{SweepBatchSize: -1}, idem.ErrInvalidOption},
+		"idle beyond postgres": {idem.Config{IdleTimeout: 1 << 62}, idem.ErrInvalidOption},
+		"upper-case table":     {idem.Config{Table: "Keys"}, idem.ErrInvalidTable},
+		"injected table":       {idem.Config{Table: "keys; drop table x"}, idem.ErrInvalidTable},
+		"quoted table":         {idem.Config{Table: `"keys"`}, idem.ErrInvalidTable},
+		"three-part table":     {idem.Config{Table: "db.billing.keys"}, idem.ErrInvalidTable},
+	} {
+		if _, err := idem.NewClient(fakeBeginner{}, &c.cfg); !errors.Is(err, c.want) {
+			t.Errorf("NewClient(%s) = %v, want %v", name, err, c.want)
+		}
+	}
+	if _, err := idem.NewClient(nil, nil); !errors.Is(err, idem.ErrInvalidOption) {
+		t.Errorf("NewClient(nil db) = %v, want ErrInvalidOption", err)
+	}
+}
+
+func TestValidateScope(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []string{"", "t1", "user:alice", "tenant/7 — café", strings.Repeat("s", idem.MaxKeyLen)} {
+		if err := idem.ValidateScope(scope); err != nil {
+			t.Errorf("ValidateScope(%q): %v", scope, err)
+		}
+	}
+	for _, scope := range []string{"bad\x00", "tab\tin", "\x7f", "\u0085", "\xff", strings.Repeat("s", idem.MaxKeyLen+1)} {
+		if err := idem.ValidateScope(scope); !errors.Is(err, idem.ErrInvalidScope) {
+			t.Errorf("ValidateScope(%q) = %v, want ErrInvalidScope", scope, err)
+		}
+	}
+}
+
+// fakeBeginner is a database that must never be reached: NewClient checks
+// its Config without one.
+type fakeBeginner struct{}
+
+func (fakeBeginner) Begin(context.Context) (pgx.Tx, error) {
+	panic("NewClient touched the database")
 }

@@ -35,21 +35,21 @@ func execAll(br pgx.BatchResults, n int) (int, error) {
 // COMMIT at index commitAt, into the call's error, or nil when COMMIT's own
 // reply confirmed it (dbtx.ClassifyCommit: whatever arrives after that reply,
 // a FATAL from pg_terminate_backend, say, does not undo the commit). keyAt is
-// the completing statement's index; deferred marks the deferred protocol,
-// whose completing INSERT meets a unique violation where the key's row was
-// written inside the call.
-func lastTripError(failed, keyAt, commitAt int, err error, deferred bool) error {
+// the completing statement's index, whose deliberate failures the call's
+// protocol explains.
+func lastTripError(c *call, failed, keyAt, commitAt int, err error) error {
 	switch dbtx.ClassifyCommit(failed, commitAt, err) {
 	case dbtx.Committed:
 		return nil
 	case dbtx.Unknown:
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	}
+	if failed == keyAt {
+		if kerr := c.proto.completeError(err); kerr != nil {
+			return kerr
+		}
+	}
 	switch {
-	case failed == keyAt && isTxEnded(err):
-		return fmt.Errorf("%w: %w", ErrTxEnded, err)
-	case failed == keyAt && (isKeyLost(err) || deferred && isUniqueViolation(err)):
-		return keyLostError(err)
 	case failed < commitAt:
 		// The server refused a statement before COMMIT (a trigger on the key
 		// table, say), or ended the session before it read COMMIT: the

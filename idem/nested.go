@@ -10,10 +10,11 @@ import (
 	"github.com/idemhq/idem/internal/dbtx"
 )
 
-// nested runs the protocol through db.Begin, for an outer pgx.Tx (a
+// nested is the transport through db.Begin, for an outer pgx.Tx (a
 // savepoint) or any other Beginner. It costs BEGIN and COMMIT their own round
 // trips; the claim still travels with the savepoint that isolates fn's
-// writes from a refusal.
+// writes from a refusal. Its protocol is insertProtocol, or
+// partitionedProtocol on a partitioned table (chooseProtocol).
 type nested struct {
 	db    Beginner
 	txn   pgx.Tx
@@ -51,43 +52,29 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	if err != nil {
 		return claim{}, err
 	}
-	c.stmts = stmts
-	b := &pgx.Batch{}
-	b.Queue(stmts.claim, c.claimArgs()...)
-	if stmts.isPartitioned {
-		b.Queue(stmts.assertClaimed, c.scope, c.key)
+	proto, err := chooseProtocol(c, stmts, false, c.s.txOpts.IsoLevel)
+	if err != nil {
+		return claim{}, err
 	}
+	c.stmts, c.proto = stmts, proto
+	b := &pgx.Batch{}
 	// Config.IdleTimeout, for a transaction this call began. An outer
 	// transaction is the caller's: a local setting made in its savepoint
 	// would outlive the savepoint and govern the rest of it.
-	if c.s.idle != nil && !n.outer() {
-		b.Queue(setIdleTimeoutSQL, c.s.idle...)
+	var idle []any
+	if !n.outer() {
+		idle = c.s.idle
 	}
+	proto.queueClaim(b, c, idle, true)
 	b.Queue("savepoint idem_work")
 	br := n.txn.SendBatch(ctx, b)
-	cl, claimErr := c.scanClaim(br.QueryRow())
-	verdict, assertErr := int32(0), error(nil)
-	if stmts.isPartitioned && claimErr == nil {
-		assertErr = br.QueryRow().Scan(&verdict)
-	}
+	cl, claimErr := proto.readClaim(br, c, true)
 	closeErr := br.Close()
 	switch {
 	case claimErr != nil:
 		return claim{}, claimErr
-	case !stmts.isPartitioned:
-		if closeErr != nil {
-			return claim{}, closeErr
-		}
-		return cl, nil
-	case assertErr == nil && verdict < 0:
-		return claim{}, errRepeatableRead(c)
 	case !cl.claimed:
-		return cl, nil // assert_claimed failed on purpose; abort rolls back
-	case isDivisionByZero(assertErr):
-		cl.lostRace()
-		return cl, nil
-	case assertErr != nil:
-		return claim{}, assertErr
+		return cl, nil // abort rolls back whatever the claim did
 	case closeErr != nil:
 		return claim{}, closeErr
 	}
@@ -110,17 +97,12 @@ func (n *nested) closeTx() {
 
 func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 	b := &pgx.Batch{}
-	if fin.refused {
-		b.Queue("rollback to savepoint idem_work")
-	}
-	complete := b.Len()
-	c.queueComplete(b, fin)
+	complete := queueFinish(b, c, fin)
 	if failed, err := execAll(n.txn.SendBatch(ctx, b), b.Len()); err != nil {
-		switch {
-		case failed == complete && isTxEnded(err):
-			return fmt.Errorf("%w: %w", ErrTxEnded, err)
-		case failed == complete && isKeyLost(err):
-			return keyLostError(err)
+		if failed == complete {
+			if kerr := c.proto.completeError(err); kerr != nil {
+				return kerr
+			}
 		}
 		return fmt.Errorf("idem: store result: %w", err)
 	}

@@ -11,15 +11,15 @@ import (
 // Status is the state of a key's row.
 type Status string
 
-// The states of a key.
+// The states of a key, as the status column holds them.
 const (
 	// StatusInProgress: a transaction holds the key right now.
-	StatusInProgress Status = statusInProgress
+	StatusInProgress Status = "in_progress"
 	// StatusCompleted: the result is stored and replayed until ExpiresAt.
-	StatusCompleted Status = statusCompleted
+	StatusCompleted Status = "completed"
 	// StatusRefused: a business refusal is stored and replayed until
 	// ExpiresAt.
-	StatusRefused Status = statusRefused
+	StatusRefused Status = "refused"
 )
 
 // A Record is what the table holds for a key, for support staff and
@@ -42,10 +42,31 @@ type Record struct {
 	ExpiresAt time.Time
 	// Result is the encoded result (JSON, or the type's MarshalBinary
 	// form), opened if the Client has a Sealer: decode it with
-	// DecodeResult.
+	// DecodeResult. Nil when Sealed.
 	Result []byte
-	// Refusal is the stored business refusal, for StatusRefused.
+	// Refusal is the stored business refusal, for StatusRefused. Nil when
+	// Sealed.
 	Refusal *Refusal
+	// Sealed reports that the row was stored sealed (Config.Sealer) and the
+	// Client that looked it up has no Sealer to open it: Status, the hash
+	// and the times are the row's, but Result and Refusal are not known.
+	// A sealed row is not corrupt, and a retry with the Sealer replays it:
+	// look it up through a Client with the same Sealer to read it. (A
+	// Client with a Sealer opens sealed rows, and reports one it cannot
+	// open as ErrCorruptRecord.)
+	Sealed bool
+}
+
+// sealedRefusal is what the refusal column of a sealed row holds: a JSON
+// string, which no plain row's refusal (an object with a code, or NULL)
+// can be, so that a reader without the Sealer can tell a sealed row from a
+// plain or corrupt one. The refusal itself is in the sealed envelope.
+const sealedRefusal = `"sealed"`
+
+// isSealed reports whether a row's columns say it was stored sealed: its
+// refusal column holds sealedRefusal.
+func isSealed(refusal []byte) bool {
+	return string(refusal) == sealedRefusal
 }
 
 // Expired reports whether the key no longer replays at time now.
@@ -66,8 +87,10 @@ func DecodeResult[T any](r Record) (T, error) {
 // stored: for Wrap's keys, see Wrap), whether it still replays or has
 // expired and awaits the sweeper; a Record with StatusInProgress when a
 // transaction holds the key right now; or ErrNotFound. A sealed row is
-// opened with the Client's Sealer (an error wraps ErrCorruptRecord). It
-// takes no lock that outlives the statement and writes nothing.
+// opened with the Client's Sealer (an error wraps ErrCorruptRecord); a
+// Client without a Sealer returns it with Sealed set and neither Result nor
+// Refusal. It takes no lock that outlives the statement and writes nothing.
+// A missing key table is an error that says to apply the schema.
 func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) {
 	if err := ValidateScope(scope); err != nil && !isWrapScope(scope) {
 		return Record{}, err
@@ -91,7 +114,7 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 			Scan(&busy, &hash, &status, &response, &refusal, &created, &completed, &expires)
 	})
 	if err != nil {
-		return Record{}, fmt.Errorf("idem: look up key: %w", err)
+		return Record{}, tableError(c.base.table, "look up key", err)
 	}
 	rec := Record{Scope: scope, Key: key}
 	if busy {
@@ -109,6 +132,10 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 	if rec.Status == StatusInProgress {
 		return rec, nil // committed by misuse; it holds nothing to open
 	}
+	if c.base.sealer == nil && isSealed(refusal) {
+		rec.Sealed = true
+		return rec, nil
+	}
 	data, ref, err := open(ctx, &c.base, scope, key, &record{requestHash: *hash, status: *status, response: response, refusal: refusal})
 	if err != nil {
 		return rec, err
@@ -118,9 +145,16 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 }
 
 // Forget deletes the key, so that the next call with it runs fn again: for
-// a deliberate reset, such as after a refund, or to clear a corrupt record.
-// It reports whether there was a row to delete. A key in progress is not
-// touched: Forget returns ErrInProgress at once.
+// a deliberate reset, such as after a refund. It reports whether there was
+// a row to delete. A key in progress is not touched: Forget returns
+// ErrInProgress at once. A missing key table is an error that says to apply
+// the schema.
+//
+// The operation the key recorded is not undone: a retry after Forget does
+// it again (charges again). A row that will not replay (ErrCorruptRecord)
+// still records that the operation ran, so forget it only once its effect
+// is known to be undone. A row that Lookup reports Sealed is not corrupt:
+// it replays through a Client with the Sealer that stored it.
 func (c *Client) Forget(ctx context.Context, scope, key string) (bool, error) {
 	if err := ValidateScope(scope); err != nil && !isWrapScope(scope) {
 		return false, err
@@ -136,7 +170,7 @@ func (c *Client) Forget(ctx context.Context, scope, key string) (bool, error) {
 		return q.QueryRow(ctx, c.base.stmts.forget, scope, key).Scan(&free, &deleted)
 	})
 	if err != nil {
-		return false, fmt.Errorf("idem: forget key: %w", err)
+		return false, tableError(c.base.table, "forget key", err)
 	}
 	if !free {
 		return false, ErrInProgress

@@ -78,6 +78,8 @@ func open(ctx context.Context, s *settings, scope, key string, rec *record) ([]b
 			return nil, nil, fmt.Errorf("%w: the row's status or request hash differs from what was sealed", ErrCorruptRecord)
 		}
 		data, refusalJSON = env.value, env.refusal
+	} else if isSealed(rec.refusal) {
+		return nil, nil, fmt.Errorf("%w: the row is sealed and the Client has no Sealer (Config.Sealer)", ErrCorruptRecord)
 	}
 	switch rec.status {
 	case statusCompleted:

@@ -14,12 +14,6 @@ import (
 )
 
 var (
-	//go:embed sql/claim.sql
-	claimSQL string
-	//go:embed sql/assert_claimed.sql
-	assertClaimedSQL string
-	//go:embed sql/complete.sql
-	completeSQL string
 	//go:embed sql/lookup.sql
 	lookupSQL string
 	//go:embed sql/sweep.sql
@@ -31,21 +25,6 @@ var (
 	//go:embed sql/layout.sql
 	layoutSQL string
 
-	//go:embed sql/claim_deferred.sql
-	claimDeferredSQL string
-	//go:embed sql/assert_deferred.sql
-	assertDeferredSQL string
-	//go:embed sql/complete_deferred.sql
-	completeDeferredSQL string
-	//go:embed sql/complete_deferred_replace.sql
-	completeDeferredReplaceSQL string
-
-	//go:embed sql/claim_partitioned.sql
-	claimPartitionedSQL string
-	//go:embed sql/assert_claimed_partitioned.sql
-	assertClaimedPartitionedSQL string
-	//go:embed sql/complete_partitioned.sql
-	completePartitionedSQL string
 	//go:embed sql/record_partitioned.sql
 	recordPartitionedSQL string
 	//go:embed sql/partitions.sql
@@ -63,21 +42,19 @@ var (
 // for the partitioned layout (schema/partitioned), reached through
 // partitioned. Which one a call uses is learnt once per connection
 // (connState), since one table name may be plain in one database and
-// partitioned in another.
+// partitioned in another. The protocols' own statements live with each
+// protocol (protocol_*.go).
 type statements struct {
-	table                                  string
-	claim, assertClaimed, complete, lookup string
-	sweep, record, forget                  string
+	table                         string
+	lookup, sweep, record, forget string
 
-	// The deferred protocol's statements (pipeline.go), on the plain set
-	// only: the claim and its second look, and the completing insert, or
-	// upsert when the key has a row that is not live.
-	claimDeferred, assertDeferred        string
-	completeDeferred, completeDeferredOn string
+	// The protocols' statements: insert and deferred on the plain set,
+	// part on the partitioned one (chooseProtocol).
+	insert   insertSQL
+	deferred deferredSQL
+	part     partitionedSQL
 
-	// isPartitioned marks the set of the partitioned layout, whose claim
-	// returns the claimed row's created_at and whose first trip reads
-	// assert_claimed's verdict.
+	// isPartitioned marks the set of the partitioned layout.
 	isPartitioned bool
 	// partitioned is the partitioned layout's set, on the plain set; nil on
 	// the partitioned set itself.
@@ -97,28 +74,20 @@ func statementsFor(table string) (*statements, error) {
 		return nil, err
 	}
 	s := &statements{
-		table:         table,
-		claim:         t.Rewrite(claimSQL),
-		assertClaimed: t.Rewrite(assertClaimedSQL),
-		complete:      t.Rewrite(completeSQL),
-		lookup:        t.Rewrite(lookupSQL),
-		sweep:         t.Rewrite(sweepSQL),
-		record:        t.Rewrite(recordSQL),
-		forget:        t.Rewrite(forgetSQL),
-
-		claimDeferred:      t.Rewrite(claimDeferredSQL),
-		assertDeferred:     t.Rewrite(assertDeferredSQL),
-		completeDeferred:   t.Rewrite(completeDeferredSQL),
-		completeDeferredOn: t.Rewrite(completeDeferredReplaceSQL),
+		table:    table,
+		lookup:   t.Rewrite(lookupSQL),
+		sweep:    t.Rewrite(sweepSQL),
+		record:   t.Rewrite(recordSQL),
+		forget:   t.Rewrite(forgetSQL),
+		insert:   newInsertSQL(t),
+		deferred: newDeferredSQL(t),
 	}
 	s.partitioned = &statements{
 		table:         table,
-		claim:         t.Rewrite(claimPartitionedSQL),
-		assertClaimed: t.Rewrite(assertClaimedPartitionedSQL),
-		complete:      t.Rewrite(completePartitionedSQL),
 		lookup:        s.lookup,
 		record:        t.Rewrite(recordPartitionedSQL),
 		forget:        s.forget,
+		part:          newPartitionedSQL(t),
 		isPartitioned: true,
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)
@@ -134,16 +103,16 @@ const connStateKey = "idem.conn"
 // name.
 type connState struct {
 	layout   map[*statements]*statements
-	prepared map[*statements]bool
+	prepared map[protocol]bool
 	// execMode is the connection's default exec mode, 0 until asked.
 	execMode pgx.QueryExecMode
 	// preparedSQL holds the other statements of first trips prepared by
 	// name: the SET statements of WithTxOptions.
 	preparedSQL map[string]bool
-	// notReadCommitted records that this session's transactions default to
-	// another isolation level than READ COMMITTED (assert_deferred.sql said
-	// so): calls without WithTxOptions use claim.sql here.
-	notReadCommitted bool
+	// defaultIso is the session's default isolation level, learnt with the
+	// layout: it chooses the protocol of a call without WithTxOptions. ""
+	// until asked, and again after assert_deferred.sql found it changed.
+	defaultIso pgx.TxIsoLevel
 }
 
 func stateOf(conn *pgx.Conn) *connState {
@@ -152,7 +121,7 @@ func stateOf(conn *pgx.Conn) *connState {
 	if st == nil {
 		st = &connState{
 			layout:      make(map[*statements]*statements, 1),
-			prepared:    make(map[*statements]bool, 1),
+			prepared:    make(map[protocol]bool, 1),
 			preparedSQL: make(map[string]bool),
 		}
 		data[connStateKey] = st
@@ -170,47 +139,64 @@ func stateOf(conn *pgx.Conn) *connState {
 // keeps its old statements on them, which then fail (the plain claim's ON
 // CONFLICT finds no matching unique index on a partitioned table): reset the
 // pool after such a migration.
-func resolveLayout(ctx context.Context, conn *pgx.Conn, s *statements) (*statements, error) {
-	if s.isPartitioned {
-		return s, nil
-	}
+func resolveLayout(ctx context.Context, conn *pgx.Conn, s *statements) (*statements, pgx.TxIsoLevel, error) {
 	st := stateOf(conn)
-	if r, ok := st.layout[s]; ok {
-		return r, nil
+	if r, ok := st.layout[s]; ok && st.defaultIso != "" {
+		return r, st.defaultIso, nil
 	}
-	r, known, err := detectLayout(ctx, conn, s)
+	r, iso, known, err := detectLayout(ctx, conn, s)
 	if err != nil {
-		return nil, fmt.Errorf("idem: detect the layout of %s: %w", s.table, err)
+		return nil, "", fmt.Errorf("idem: detect the layout of %s: %w", s.table, err)
 	}
 	if known {
-		st.layout[s] = r
+		st.layout[s], st.defaultIso = r, iso
 	}
-	return r, nil
+	return r, iso, nil
 }
 
-// detectLayout asks the catalog whether s's table is partitioned, through
-// any querier; known is false when the table does not exist.
-func detectLayout(ctx context.Context, q querier, s *statements) (r *statements, known bool, err error) {
-	var partitioned bool
-	err = q.QueryRow(ctx, layoutSQL, s.table).Scan(&partitioned)
+// detectLayout asks the catalog whether s's table is partitioned, and the
+// session's default isolation level, through any querier; known is false
+// when the table does not exist.
+func detectLayout(ctx context.Context, q querier, s *statements) (r *statements, iso pgx.TxIsoLevel, known bool, err error) {
+	var (
+		partitioned bool
+		level       string
+	)
+	err = q.QueryRow(ctx, layoutSQL, s.table).Scan(&partitioned, &level)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return s, false, nil
+		return s, "", false, nil
 	case err != nil:
-		return nil, false, err
-	case partitioned:
-		return s.partitioned, true, nil
+		return nil, "", false, err
 	}
-	return s, true, nil
+	iso = isoLevel(level)
+	if partitioned {
+		return s.partitioned, iso, true, nil
+	}
+	return s, iso, true, nil
+}
+
+// isoLevel turns a setting's value ("read committed") into pgx's constant.
+func isoLevel(setting string) pgx.TxIsoLevel {
+	switch setting {
+	case "serializable":
+		return pgx.Serializable
+	case "repeatable read":
+		return pgx.RepeatableRead
+	case "read uncommitted":
+		return pgx.ReadUncommitted
+	}
+	return pgx.ReadCommitted
 }
 
 // resolveQuerier is resolveLayout for whatever q is: a connection or transaction
 // uses the per-connection memory, anything else (a pool) asks each time.
 func resolveQuerier(ctx context.Context, q querier, s *statements) (*statements, error) {
 	if conn := connOf(q); conn != nil {
-		return resolveLayout(ctx, conn, s)
+		r, _, err := resolveLayout(ctx, conn, s)
+		return r, err
 	}
-	r, _, err := detectLayout(ctx, q, s)
+	r, _, _, err := detectLayout(ctx, q, s)
 	if err != nil {
 		return nil, fmt.Errorf("idem: detect the layout of %s: %w", s.table, err)
 	}
@@ -244,7 +230,7 @@ const setIdleTimeoutSQL = "select set_config('idle_in_transaction_session_timeou
 // deallocate and prepare them again. Named statements survive a failed
 // batch. Connections in another exec mode (the simple protocol, or
 // describe-only caching behind PgBouncer) are left as they are.
-func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements, setTx []string) error {
+func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, p protocol, setTx []string) error {
 	st := stateOf(conn)
 	if st.execMode == 0 {
 		// Conn.Config copies the whole configuration: ask once.
@@ -253,16 +239,13 @@ func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, s *statements, setTx 
 	if st.execMode != pgx.QueryExecModeCacheStatement {
 		return nil
 	}
-	if !st.prepared[s] {
-		for _, sql := range [...]string{s.claim, s.assertClaimed, s.claimDeferred, s.assertDeferred, "begin", setIdleTimeoutSQL, "savepoint idem_work"} {
-			if sql == "" {
-				continue // the partitioned set has no deferred statements
-			}
+	if !st.prepared[p] {
+		for _, sql := range append(p.firstTrip(), "begin", "savepoint idem_work") {
 			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
 				return err
 			}
 		}
-		st.prepared[s] = true
+		st.prepared[p] = true
 	}
 	for _, sql := range setTx {
 		if st.preparedSQL[sql] {

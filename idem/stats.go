@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	_ "embed"
-	"fmt"
 	"time"
 
 	"github.com/idemhq/idem/internal/sqltext"
@@ -66,7 +65,8 @@ type Stats struct {
 // size. It costs one statement that reads catalog figures, the lock table
 // and the expired end of the index on expires_at, never the whole table, so
 // it suits a metrics scrape on a table of millions of keys. It takes no
-// lock and writes nothing. ctx governs the statement.
+// lock and writes nothing. ctx governs the statement. A missing key table
+// is an error that says to apply the schema.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	t, err := sqltext.ParseTable(c.base.table)
 	if err != nil {
@@ -79,7 +79,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 			Scan(&st.Rows, &st.Expired, &st.InProgress, &oldestMicros, &st.TableBytes)
 	})
 	if err != nil {
-		return Stats{}, fmt.Errorf("idem: stats of %s: %w", c.base.table, err)
+		return Stats{}, tableError(c.base.table, "stats of "+c.base.table, err)
 	}
 	st.OldestInProgress = time.Duration(oldestMicros) * time.Microsecond
 	st.Live = -1

@@ -15,31 +15,27 @@ import (
 // An Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do.
 type Execer = dbtx.Execer
 
-// Sweep deletes expired keys and returns how many it deleted. A key is
-// expired once its TTL has passed since it completed. Sweep deletes in
-// batches (DefaultSweepBatchSize, or WithBatchSize), each its own statement,
-// so no lock is held for long and rows being replaced by a concurrent call
-// are skipped rather than waited for. It stops when a batch comes back short,
-// or when ctx ends (returning what it deleted so far and ctx's error). Only
-// WithTable and WithBatchSize apply; any other option is an error.
+// Sweep deletes the Client's expired keys and returns how many it deleted.
+// A key is expired once its TTL has passed since it completed. Sweep deletes
+// in batches of Config.SweepBatchSize (DefaultSweepBatchSize), each its own
+// statement, so no lock is held for long and rows being replaced by a
+// concurrent call are skipped rather than waited for. It stops when a batch
+// comes back short, or when ctx ends (returning what it deleted so far and
+// ctx's error).
 //
-// Given a pool, each batch commits on its own. Given a pgx.Tx, the batches
-// commit with that transaction. Client.Sweep does the same with a Client's
-// settings.
+// On a pool or connection each batch commits on its own. On a Client made
+// with On(tx), the batches commit with that transaction.
 //
 // On a partitioned key table (schema.ApplyPartitioned) Sweep deletes no
 // rows but those of the DEFAULT partition: it keeps partitions made ahead
 // and drops each partition once every key in it has expired, counting its
-// keys as deleted (see PartitionLockTimeout; given a pgx.Tx it only sweeps
-// the DEFAULT partition). Where the pg_partman extension manages the table,
-// Sweep runs pg_partman's maintenance for it instead of making and dropping
-// partitions itself. Each Sweep asks the catalog which layout the table has.
-func Sweep(ctx context.Context, db Execer, opts ...Option) (int64, error) {
-	s := defaultSettings().with(opts, useSweep)
-	if s.err != nil {
-		return 0, s.err
-	}
-	return sweep(ctx, db, &s)
+// keys as deleted (see PartitionLockTimeout; in an outer transaction it only
+// sweeps the DEFAULT partition). Where the pg_partman extension manages the
+// table, Sweep runs pg_partman's maintenance for it instead of making and
+// dropping partitions itself. Each Sweep asks the catalog which layout the
+// table has. A missing table is an error that says to apply the schema.
+func (c *Client) Sweep(ctx context.Context) (int64, error) {
+	return sweep(ctx, c.execer(), &c.base)
 }
 
 func sweep(ctx context.Context, db Execer, s *settings) (int64, error) {
@@ -49,7 +45,7 @@ func sweep(ctx context.Context, db Execer, s *settings) (int64, error) {
 		// layout, so the batches refuse a partitioned table (the plain
 		// statement's ctids would be ambiguous across partitions).
 		if _, err := db.Exec(ctx, plainOnlySQL, s.table); err != nil {
-			return 0, fmt.Errorf("idem: sweep %s: %w", s.table, err)
+			return 0, tableError(s.table, "sweep "+s.table, err)
 		}
 		return sweepRows(ctx, db, s.stmts.sweep, s)
 	}
@@ -73,34 +69,13 @@ func sweepRows(ctx context.Context, db Execer, sql string, s *settings) (int64, 
 		}
 		tag, err := db.Exec(ctx, sql, s.batch)
 		if err != nil {
-			return total, fmt.Errorf("idem: sweep %s: %w", s.table, err)
+			return total, tableError(s.table, "sweep "+s.table, err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(s.batch) {
 			return total, nil
 		}
 	}
-}
-
-// SweepEvery runs Sweep now and then every interval until ctx ends, and
-// returns ctx's error. A failed sweep is reported to onError and retried at
-// the next tick: a database that is briefly away must not stop the cleanup
-// for good. With a nil onError, failures go to slog.Default(), so that none
-// is lost.
-//
-//	go idem.SweepEvery(ctx, pool, time.Hour, func(err error) { log.Print(err) })
-func SweepEvery(ctx context.Context, db Execer, interval time.Duration, onError func(error), opts ...Option) error {
-	s := defaultSettings().with(opts, useSweep)
-	if s.err != nil {
-		return s.err
-	}
-	return sweepEvery(ctx, db, &s, interval, onError)
-}
-
-// Sweep deletes the Client's expired keys, as the package-level Sweep does,
-// in batches of Config.SweepBatchSize.
-func (c *Client) Sweep(ctx context.Context) (int64, error) {
-	return sweep(ctx, c.execer(), &c.base)
 }
 
 // SweepEvery runs c.Sweep now and then every interval until ctx ends, and

@@ -40,10 +40,6 @@ func TestInvalidScopeIsAnError(t *testing.T) {
 	if _, err := charge(long, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, idem.ErrInvalidScope) {
 		t.Fatalf("operation + scope over 255 bytes: %v, want ErrInvalidScope", err)
 	}
-	// Two scopes for one call is a conflict, not a choice.
-	if _, err := idem.Do(idem.ContextWithScope(context.Background(), "a"), pool, "k", "h", fn, idem.WithScope("b")); !errors.Is(err, idem.ErrInvalidScope) {
-		t.Fatalf("context scope a with WithScope(b): %v, want ErrInvalidScope", err)
-	}
 	if n := sent.n.Load(); n != 0 {
 		t.Fatalf("%d statements reached the database", n)
 	}
@@ -74,11 +70,6 @@ func TestScopeFromContext(t *testing.T) {
 	}
 	if runs != 2 {
 		t.Fatalf("Do ran %d times, want 2", runs)
-	}
-	// The deprecated per-call WithScope still works, and agrees with the
-	// same scope in the context.
-	if _, err := idem.Do(idem.ContextWithScope(context.Background(), "x"), s.pool, "k", "h", chargeFn(context.Background(), 1, &runs), idem.WithScope("x")); err != nil || runs != 2 {
-		t.Fatalf("the same scope twice: %v, runs %d", err, runs)
 	}
 }
 
@@ -407,20 +398,20 @@ func TestErrorsThatHelp(t *testing.T) {
 			t.Fatalf("%v; want the missing table named with how to create it", err)
 		}
 	})
-	t.Run("option that does not apply", func(t *testing.T) {
+	t.Run("invalid config", func(t *testing.T) {
 		s := newSetup(t)
-		if _, err := idem.Do(ctx, s.pool, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }, idem.WithBatchSize(5)); !errors.Is(err, idem.ErrInvalidOption) {
-			t.Fatalf("Do(WithBatchSize): %v", err)
-		}
-		if _, err := idem.Sweep(ctx, s.pool, idem.WithWait(time.Second)); !errors.Is(err, idem.ErrInvalidOption) {
-			t.Fatalf("Sweep(WithWait): %v", err)
-		}
-		if _, _, err := idem.Run(ctx, s.pool, "k", "h", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, idem.WithReplayed(new(bool))); !errors.Is(err, idem.ErrInvalidOption) {
-			t.Fatalf("Run(WithReplayed): %v", err)
-		}
-		for _, cfg := range []idem.Config{{TTL: -1}, {MaxResultBytes: -1}, {SweepBatchSize: -1}, {Table: "Bad"}, {IdleTimeout: 1 << 31 * time.Millisecond}} {
-			if _, err := idem.NewClient(s.pool, &cfg); err == nil {
-				t.Fatalf("NewClient(%+v) accepted it", cfg)
+		for _, c := range []struct {
+			cfg  idem.Config
+			want error
+		}{
+			{idem.Config{TTL: -1}, idem.ErrInvalidOption},
+			{idem.Config{MaxResultBytes: -1}, idem.ErrInvalidOption},
+			{idem.Config{SweepBatchSize: -1}, idem.ErrInvalidOption},
+			{idem.Config{IdleTimeout: 1 << 31 * time.Millisecond}, idem.ErrInvalidOption},
+			{idem.Config{Table: "Bad"}, idem.ErrInvalidTable},
+		} {
+			if _, err := idem.NewClient(s.pool, &c.cfg); !errors.Is(err, c.want) {
+				t.Fatalf("NewClient(%+v) = %v, want %v", c.cfg, err, c.want)
 			}
 		}
 	})

@@ -62,8 +62,7 @@ func TestCommitOwnerClassifiesLostAnswers(t *testing.T) {
 		t.Fatalf("Do's own COMMIT lost its answer: %v; want ErrOutcomeUnknown, retryable", err)
 	}
 	// It did commit: the retry replays.
-	var replayed bool
-	if _, err := idem.Do(ctx, s.pool, "k-own", "h", chargeFn(ctx, 1, &runs), idem.WithReplayed(&replayed)); err != nil || !replayed || runs != 1 {
+	if _, replayed, err := runReplayed(ctx, s.pool, "k-own", "h", chargeFn(ctx, 1, &runs)); err != nil || !replayed || runs != 1 {
 		t.Fatalf("retry: %v, replayed %v, fn ran %d times; want a replay", err, replayed, runs)
 	}
 

@@ -76,10 +76,9 @@ func TestReplay(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 		ctx := context.Background()
 		runs := 0
-		var replayed bool
-		first, err := do(t, s, v, "k-replay", "h", chargeFn(ctx, 250, &runs), idem.WithReplayed(&replayed))
-		if err != nil || replayed {
-			t.Fatalf("first call: err=%v replayed=%v", err, replayed)
+		first, outcome, err := run(ctx, t, s, v, "k-replay", "h", chargeFn(ctx, 250, &runs))
+		if err != nil || outcome != idem.OutcomeExecuted {
+			t.Fatalf("first call: err=%v outcome=%v, want executed", err, outcome)
 		}
 		var xmin, xmax string
 		rowVersion := func() (string, string) {
@@ -91,12 +90,12 @@ func TestReplay(t *testing.T) {
 		}
 		xmin, xmax = rowVersion()
 		for i := 0; i < 3; i++ {
-			got, err := do(t, s, v, "k-replay", "h", chargeFn(ctx, 250, &runs), idem.WithReplayed(&replayed))
+			got, outcome, err := run(ctx, t, s, v, "k-replay", "h", chargeFn(ctx, 250, &runs))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != first || !replayed {
-				t.Fatalf("replay %d = %+v (replayed=%v), want %+v (true)", i, got, replayed, first)
+			if got != first || outcome != idem.OutcomeReplayed {
+				t.Fatalf("replay %d = %+v (%v), want %+v (replayed)", i, got, outcome, first)
 			}
 		}
 		if runs != 1 || s.charges() != 1 {
@@ -419,14 +418,17 @@ func TestRefusalIsStoredAndReplayed(t *testing.T) {
 			return charge{Amount: 10, Balance: 3}, fmt.Errorf("charge: %w", errInsufficientFunds)
 		}
 		for i := 0; i < 3; i++ {
-			var replayed bool
-			got, err := do(t, s, v, "k-refuse", "h", fn, idem.WithReplayed(&replayed))
+			got, outcome, err := run(ctx, t, s, v, "k-refuse", "h", fn)
 			var r *idem.Refusal
 			if !errors.Is(err, errInsufficientFunds) || !errors.As(err, &r) || r.Status != 402 || r.Message != errInsufficientFunds.Message {
 				t.Fatalf("call %d: err = %v, want the refusal", i, err)
 			}
-			if got != (charge{Amount: 10, Balance: 3}) || replayed != (i > 0) || idem.Retryable(err) {
-				t.Fatalf("call %d: %+v replayed=%v retryable=%v", i, got, replayed, idem.Retryable(err))
+			want := idem.OutcomeRefused
+			if i > 0 {
+				want = idem.OutcomeReplayed
+			}
+			if got != (charge{Amount: 10, Balance: 3}) || outcome != want || idem.Retryable(err) {
+				t.Fatalf("call %d: %+v outcome=%v retryable=%v, want outcome %v", i, got, outcome, idem.Retryable(err), want)
 			}
 		}
 		if runs != 1 || s.charges() != 0 || s.keys("refused") != 1 {
@@ -435,7 +437,7 @@ func TestRefusalIsStoredAndReplayed(t *testing.T) {
 	})
 }
 
-// countingBeginner fails the test if Do touches the database.
+// countingBeginner fails the test if Do or NewClient touches the database.
 type countingBeginner struct{ t *testing.T }
 
 func (b countingBeginner) Begin(context.Context) (pgx.Tx, error) {
@@ -443,34 +445,48 @@ func (b countingBeginner) Begin(context.Context) (pgx.Tx, error) {
 	return nil, nil
 }
 
-// Contract 7: invalid input is refused before any database work.
+// Contract 7: invalid input is refused before any database work: a call's
+// key, hash and scope by the call, a deployment's table and TTL by
+// NewClient.
 func TestInvalidInputBeforeDatabase(t *testing.T) {
 	t.Parallel()
 	fn := func(pgx.Tx) (int, error) { t.Fatal("fn ran"); return 0, nil }
 	long := strings.Repeat("k", 256)
 	cases := []struct {
-		name, key, hash string
-		opts            []idem.Option
-		want            error
+		name, scope, key, hash string
+		want                   error
 	}{
-		{"empty key", "", "h", nil, idem.ErrInvalidKey},
-		{"256-byte key", long, "h", nil, idem.ErrInvalidKey},
-		{"NUL", "a\x00b", "h", nil, idem.ErrInvalidKey},
-		{"newline", "a\nb", "h", nil, idem.ErrInvalidKey},
-		{"DEL", "a\x7fb", "h", nil, idem.ErrInvalidKey},
-		{"C1 control", "a\u0085b", "h", nil, idem.ErrInvalidKey},
-		{"invalid UTF-8", "a\xffb", "h", nil, idem.ErrInvalidKey},
-		{"empty hash", "k", "", nil, idem.ErrInvalidRequestHash},
-		{"scope NUL", "k", "h", []idem.Option{idem.WithScope("t\x00")}, idem.ErrInvalidScope},
-		{"table", "k", "h", []idem.Option{idem.WithTable("keys; drop table x")}, idem.ErrInvalidTable},
-		{"ttl", "k", "h", []idem.Option{idem.WithTTL(-time.Second)}, idem.ErrInvalidOption},
-		{"replayed nil", "k", "h", []idem.Option{idem.WithReplayed(nil)}, idem.ErrInvalidOption},
+		{"empty key", "", "", "h", idem.ErrInvalidKey},
+		{"256-byte key", "", long, "h", idem.ErrInvalidKey},
+		{"NUL", "", "a\x00b", "h", idem.ErrInvalidKey},
+		{"newline", "", "a\nb", "h", idem.ErrInvalidKey},
+		{"DEL", "", "a\x7fb", "h", idem.ErrInvalidKey},
+		{"C1 control", "", "a\u0085b", "h", idem.ErrInvalidKey},
+		{"invalid UTF-8", "", "a\xffb", "h", idem.ErrInvalidKey},
+		{"empty hash", "", "k", "", idem.ErrInvalidRequestHash},
+		{"scope NUL", "t\x00", "k", "h", idem.ErrInvalidScope},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := idem.Do(context.Background(), countingBeginner{t}, c.key, c.hash, fn, c.opts...)
+			ctx := idem.ContextWithScope(context.Background(), c.scope)
+			_, err := idem.Do(ctx, countingBeginner{t}, c.key, c.hash, fn)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("err = %v, want %v", err, c.want)
+			}
+		})
+	}
+	configs := []struct {
+		name string
+		cfg  idem.Config
+		want error
+	}{
+		{"table", idem.Config{Table: "keys; drop table x"}, idem.ErrInvalidTable},
+		{"ttl", idem.Config{TTL: -time.Second}, idem.ErrInvalidOption},
+	}
+	for _, c := range configs {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := idem.NewClient(countingBeginner{t}, &c.cfg); !errors.Is(err, c.want) {
+				t.Fatalf("NewClient: %v, want %v", err, c.want)
 			}
 		})
 	}
@@ -482,7 +498,8 @@ func TestExpiry(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 		ctx := context.Background()
 		runs := 0
-		first, err := do(t, s, v, "k-exp", "h1", chargeFn(ctx, 1, &runs), idem.WithTTL(90*time.Minute))
+		s.cfg = &idem.Config{TTL: 90 * time.Minute}
+		first, err := do(t, s, v, "k-exp", "h1", chargeFn(ctx, 1, &runs))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -493,6 +510,7 @@ func TestExpiry(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Even another request hash is accepted: the old key is gone.
+		s.cfg = nil
 		second, err := do(t, s, v, "k-exp", "h2", chargeFn(ctx, 2, &runs))
 		if err != nil {
 			t.Fatal(err)
@@ -510,21 +528,25 @@ func TestExpiry(t *testing.T) {
 func TestScopes(t *testing.T) {
 	forEachVariant(t, func(t *testing.T, s *setup, v variant) {
 		ctx := context.Background()
+		asAlice := idem.ContextWithScope(ctx, "user:alice")
 		runs := 0
-		alice, err := do(t, s, v, "shared-key", "h", chargeFn(ctx, 11, &runs), idem.WithScope("user:alice"))
-		if err != nil {
-			t.Fatal(err)
+		alice, outcome, err := run(asAlice, t, s, v, "shared-key", "h", chargeFn(ctx, 11, &runs))
+		if err != nil || outcome != idem.OutcomeExecuted {
+			t.Fatalf("alice: %v, %v", outcome, err)
 		}
-		bob, err := do(t, s, v, "shared-key", "h", chargeFn(ctx, 22, &runs), idem.WithScope("user:bob"))
-		if err != nil {
-			t.Fatal(err)
+		bob, outcome, err := run(idem.ContextWithScope(ctx, "user:bob"), t, s, v, "shared-key", "h", chargeFn(ctx, 22, &runs))
+		if err != nil || outcome != idem.OutcomeExecuted {
+			t.Fatalf("bob, the same key in another scope: %v, %v; want executed", outcome, err)
 		}
-		again, err := do(t, s, v, "shared-key", "h", chargeFn(ctx, 33, &runs), idem.WithScope("user:alice"))
-		if err != nil {
-			t.Fatal(err)
+		again, outcome, err := run(asAlice, t, s, v, "shared-key", "h", chargeFn(ctx, 33, &runs))
+		if err != nil || outcome != idem.OutcomeReplayed {
+			t.Fatalf("alice again: %v, %v; want replayed", outcome, err)
 		}
 		if runs != 2 || bob.Amount != 22 || again != alice {
 			t.Fatalf("runs=%d alice=%+v bob=%+v again=%+v", runs, alice, bob, again)
+		}
+		if n := s.count("SELECT count(DISTINCT scope) FROM idempotency_keys WHERE idempotency_key = 'shared-key'"); n != 2 {
+			t.Fatalf("%d scopes stored for the key, want 2", n)
 		}
 	})
 }
@@ -549,10 +571,9 @@ func TestLargeResult(t *testing.T) {
 		if _, err := do(t, s, v, "k-big", "h", fn); err != nil {
 			t.Fatal(err)
 		}
-		var replayed bool
-		got, err := do(t, s, v, "k-big", "h", fn, idem.WithReplayed(&replayed))
-		if err != nil || !replayed || sha256.Sum256([]byte(got)) != sha256.Sum256([]byte(big)) {
-			t.Fatalf("replay of %d bytes: got %d bytes, replayed=%v, err=%v", len(big), len(got), replayed, err)
+		got, outcome, err := run(context.Background(), t, s, v, "k-big", "h", fn)
+		if err != nil || outcome != idem.OutcomeReplayed || sha256.Sum256([]byte(got)) != sha256.Sum256([]byte(big)) {
+			t.Fatalf("replay of %d bytes: got %d bytes, %v, err=%v; want replayed", len(big), len(got), outcome, err)
 		}
 	})
 }
@@ -619,17 +640,25 @@ func TestSealer(t *testing.T) {
 	s := newSetup(t)
 	ctx := context.Background()
 	fn := func(pgx.Tx) (string, error) { return "card 4242", nil }
-	if _, err := idem.Do(ctx, s.pool, "k-seal", "h", fn, idem.WithSealer(xorSealer{})); err != nil {
+	sealed, err := idem.NewClient(s.pool, &idem.Config{Sealer: xorSealer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := idem.NewClient(s.pool, &idem.Config{Sealer: xorSealer{failOpen: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, sealed, "k-seal", "h", fn); err != nil {
 		t.Fatal(err)
 	}
 	if n := s.count("SELECT count(*) FROM idempotency_keys WHERE position('4242' in encode(response, 'escape')) > 0"); n != 0 {
 		t.Fatal("the plain result was stored")
 	}
-	got, err := idem.Do(ctx, s.pool, "k-seal", "h", fn, idem.WithSealer(xorSealer{}))
+	got, err := idem.Do(ctx, sealed, "k-seal", "h", fn)
 	if err != nil || got != "card 4242" {
 		t.Fatalf("replay = %q, %v", got, err)
 	}
-	_, err = idem.Do(ctx, s.pool, "k-seal", "h", fn, idem.WithSealer(xorSealer{failOpen: true}))
+	_, err = idem.Do(ctx, rotated, "k-seal", "h", fn)
 	if !errors.Is(err, idem.ErrCorruptRecord) {
 		t.Fatalf("err = %v, want ErrCorruptRecord", err)
 	}
@@ -672,9 +701,13 @@ func TestCustomTable(t *testing.T) {
 	if err := applyTable(ctx, s.pool, "billing.idem_keys"); err != nil {
 		t.Fatal(err)
 	}
+	keys, err := idem.NewClient(s.pool, &idem.Config{Table: "billing.idem_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	runs := 0
 	for i := 0; i < 2; i++ {
-		if _, err := idem.Do(ctx, s.pool, "k", "h", chargeFn(ctx, 1, &runs), idem.WithTable("billing.idem_keys")); err != nil {
+		if _, err := idem.Do(ctx, keys, "k", "h", chargeFn(ctx, 1, &runs)); err != nil {
 			t.Fatal(err)
 		}
 	}

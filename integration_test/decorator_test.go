@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -53,7 +54,7 @@ func TestWrapPaymentAndOrder(t *testing.T) {
 	ctx := context.Background()
 	var svc shop
 	charge := idem.Wrap(s.pool, "payments.charge", svc.Charge)
-	createOrder := idem.Wrap(s.pool, "orders.create", svc.CreateOrder, idem.WithScope("tenant-7"))
+	createOrder := idem.Wrap(s.pool, "orders.create", svc.CreateOrder)
 
 	first, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 300})
 	if err != nil {
@@ -66,8 +67,9 @@ func TestWrapPaymentAndOrder(t *testing.T) {
 	if _, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 301}); !errors.Is(err, idem.ErrMismatch) {
 		t.Fatalf("changed request: %v, want ErrMismatch", err)
 	}
-	// The same key for another operation is another key.
-	o, err := createOrder(ctx, "key-1", orderRequest{AccountID: 2, Items: []string{"a", "b"}})
+	// The same key for another operation, in a tenant's scope, is another
+	// key.
+	o, err := createOrder(idem.ContextWithScope(ctx, "tenant-7"), "key-1", orderRequest{AccountID: 2, Items: []string{"a", "b"}})
 	if err != nil || o.Items != 2 {
 		t.Fatalf("order = %+v, %v", o, err)
 	}
@@ -97,12 +99,10 @@ func TestWrapRefusesMisuse(t *testing.T) {
 		f    func(context.Context, string, chargeRequest) (charge, error)
 		want error
 	}{
-		"invalid table":           {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithTable("Bad Name")), idem.ErrInvalidTable},
-		"no operation":            {idem.Wrap(countingBeginner{t}, "", shop{}.Charge), idem.ErrInvalidOption},
-		"nil database":            {idem.Wrap[chargeRequest, charge](nil, "op", shop{}.Charge), idem.ErrInvalidOption},
-		"nil method":              {idem.Wrap[chargeRequest, charge](countingBeginner{t}, "op", nil), idem.ErrInvalidOption},
-		"option not for Wrap":     {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithBatchSize(10)), idem.ErrInvalidOption},
-		"shared replayed pointer": {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithReplayed(new(bool))), idem.ErrInvalidOption},
+		"invalid option": {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithWait(-time.Second)), idem.ErrInvalidOption},
+		"no operation":   {idem.Wrap(countingBeginner{t}, "", shop{}.Charge), idem.ErrInvalidOption},
+		"nil database":   {idem.Wrap[chargeRequest, charge](nil, "op", shop{}.Charge), idem.ErrInvalidOption},
+		"nil method":     {idem.Wrap[chargeRequest, charge](countingBeginner{t}, "op", nil), idem.ErrInvalidOption},
 	} {
 		if _, err := c.f(ctx, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", name, err, c.want)

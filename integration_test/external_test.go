@@ -238,7 +238,12 @@ func TestExternalCallThroughIdemhttp(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	proc, psrv := newCardProcessor(t)
-	mw, err := idemhttp.NewMiddleware(s.pool, &idemhttp.Config{Required: true})
+	mw, err := idemhttp.NewMiddleware(s.pool, &idemhttp.Config{
+		Required: true,
+		// One merchant's requests: the scope an authentication middleware
+		// would establish.
+		Scope: func(*http.Request) (string, error) { return "merchant-7", nil },
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

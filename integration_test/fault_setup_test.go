@@ -138,10 +138,9 @@ func retryKey(t *testing.T, db idem.Beginner, key string, fn func(pgx.Tx) (recei
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for calls := 1; ; calls++ {
-		var replayed bool
 		// A backend cut off from its client may hold the key for a moment
 		// before it notices; WithWait rides that out.
-		r, err := idem.Do(ctx, db, key, ledgerHash, fn, idem.WithReplayed(&replayed), idem.WithWait(time.Minute))
+		r, replayed, err := runReplayed(ctx, db, key, ledgerHash, fn, idem.WithWait(time.Minute))
 		if err == nil {
 			return r, calls, replayed
 		}

@@ -247,6 +247,17 @@ func (r recorded) lastRoundTrip() (client, server int) {
 	return client, server
 }
 
+// commitReply returns the 1-based position of COMMIT's CommandComplete among
+// the server's messages, or 0 if there is none.
+func (r recorded) commitReply() int {
+	for i, m := range r.server {
+		if m.Type == 'C' && m.Tag == "COMMIT" {
+			return i + 1
+		}
+	}
+	return 0
+}
+
 // sweepCall is one Do call swept by TestFaultSweep: it runs the call through
 // the proxy on a new connection and reports Do's error and, for an outer
 // transaction, the caller's Commit error.
@@ -350,6 +361,9 @@ func sweep(t *testing.T, l *ledger, outer bool, call sweepCall) {
 			where := fmt.Sprintf("cut before %s message %d/%d (%v)", dir.name, i, dir.n, at[i-1])
 
 			afterCommitSent := i >= dir.last
+			// A cut after COMMIT's reply reached the client: COMMIT's own
+			// reply decides, and it confirmed the commit.
+			confirmed := dir.name == "server" && i > calib.commitReply()
 			switch {
 			case outer && doErr != nil:
 				// Do never commits an outer transaction, so it never
@@ -360,6 +374,10 @@ func sweep(t *testing.T, l *ledger, outer bool, call sweepCall) {
 			case outer:
 				if outerErr == nil {
 					t.Fatalf("%s: the call and its outer commit both succeeded", where)
+				}
+			case confirmed:
+				if doErr != nil {
+					t.Fatalf("%s: got %v; COMMIT's reply confirmed the commit, so the call succeeded", where, doErr)
 				}
 			case afterCommitSent:
 				if !errors.Is(doErr, idem.ErrOutcomeUnknown) {

@@ -70,8 +70,7 @@ func TestHostileKeysRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: first call: %v", tc.name, err)
 			}
-			var replayed bool
-			again, err := idem.Do(ctx, s.pool, tc.key, hostileHash, chargeFn(ctx, amount, &runs), idem.WithReplayed(&replayed))
+			again, replayed, err := runReplayed(ctx, s.pool, tc.key, hostileHash, chargeFn(ctx, amount, &runs))
 			if err != nil {
 				t.Fatalf("%s: retry: %v", tc.name, err)
 			}
@@ -175,28 +174,17 @@ func TestHostileTableNames(t *testing.T) {
 		"idempotency_keys' OR '1'='1",
 	} {
 		t.Run(fmt.Sprintf("%q", table), func(t *testing.T) {
-			ran := false
-			_, err := idem.Do(ctx, pool, "k", hostileHash, func(pgx.Tx) (int, error) { ran = true; return 1, nil }, idem.WithTable(table))
-			if !errors.Is(err, idem.ErrInvalidTable) {
-				t.Fatalf("Do(WithTable(%q)) = %v, want ErrInvalidTable", table, err)
-			}
-			if ran {
-				t.Fatal("fn ran")
-			}
-			if _, err := idem.Sweep(ctx, pool, idem.WithTable(table)); !errors.Is(err, idem.ErrInvalidTable) {
-				t.Fatalf("Sweep(WithTable(%q)) = %v, want ErrInvalidTable", table, err)
+			// In a Config, an empty table means the default; every other
+			// name here is refused before a Client exists to use it.
+			keys, err := idem.NewClient(pool, &idem.Config{Table: table})
+			switch {
+			case table == "" && (err != nil || keys.Table() != idem.DefaultTable):
+				t.Fatalf("NewClient(Table: \"\") = %v; want the default table", err)
+			case table != "" && !errors.Is(err, idem.ErrInvalidTable):
+				t.Fatalf("NewClient(Table: %q) = %v, want ErrInvalidTable", table, err)
 			}
 			if err := schema.ApplyTable(ctx, pool, table); !errors.Is(err, idem.ErrInvalidTable) {
 				t.Fatalf("ApplyTable(%q) = %v, want ErrInvalidTable", table, err)
-			}
-			// Wrap never panics: every call of the wrapped method fails.
-			wrapped := idem.Wrap(pool, "op", func(context.Context, pgx.Tx, int) (int, error) { return 0, nil }, idem.WithTable(table))
-			if _, err := wrapped(ctx, "k", 1); !errors.Is(err, idem.ErrInvalidTable) {
-				t.Fatalf("Wrap(WithTable(%q)) call = %v, want ErrInvalidTable", table, err)
-			}
-			// In a Config, an empty table means the default.
-			if _, err := idem.NewClient(pool, &idem.Config{Table: table}); table != "" && !errors.Is(err, idem.ErrInvalidTable) {
-				t.Fatalf("NewClient(Table: %q) = %v, want ErrInvalidTable", table, err)
 			}
 			if n := sent.n.Load(); n != 0 {
 				t.Fatalf("%d statements reached the database", n)
@@ -204,8 +192,12 @@ func TestHostileTableNames(t *testing.T) {
 		})
 	}
 	// A valid schema-qualified name works, and the bystanders survived.
-	if _, err := idem.Do(ctx, pool, "k", hostileHash, func(pgx.Tx) (int, error) { return 1, nil }, idem.WithTable("public.idempotency_keys")); err != nil {
-		t.Fatalf("Do(WithTable(public.idempotency_keys)): %v", err)
+	qualified, err := idem.NewClient(pool, &idem.Config{Table: "public.idempotency_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, qualified, "k", hostileHash, func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
+		t.Fatalf("Do on public.idempotency_keys: %v", err)
 	}
 	var tables int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename IN ('y', 'Foo', 'idempotency_keys')`).Scan(&tables); err != nil || tables != 3 {
@@ -231,7 +223,7 @@ func TestHostileScopeAndHash(t *testing.T) {
 		{"hash control character", "", "abc\r", idem.ErrInvalidRequestHash},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := idem.Do(ctx, pool, "k", tc.hash, fn, idem.WithScope(tc.scope))
+			_, err := idem.Do(idem.ContextWithScope(ctx, tc.scope), pool, "k", tc.hash, fn)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Do = %v, want %v", err, tc.want)
 			}
@@ -251,7 +243,7 @@ func TestHostileScopeAndHash(t *testing.T) {
 	})
 	// A valid scope full of SQL is data: it isolates its keys like any other.
 	for i, scope := range []string{"tenant'; DROP TABLE y; --", "tenant\\", "租户/💳"} {
-		got, err := idem.Do(ctx, pool, "k", hostileHash, func(pgx.Tx) (int, error) { return i, nil }, idem.WithScope(scope))
+		got, err := idem.Do(idem.ContextWithScope(ctx, scope), pool, "k", hostileHash, func(pgx.Tx) (int, error) { return i, nil })
 		if err != nil || got != i {
 			t.Fatalf("scope %q: %d, %v", scope, got, err)
 		}
@@ -418,8 +410,7 @@ func TestHostileExecModes(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: charge: %v", v.name, err)
 				}
-				var replayed bool
-				again, err := idem.Do(ctx, pool, key, hostileHash, chargeFn(ctx, 5, &runs), idem.WithReplayed(&replayed))
+				again, replayed, err := runReplayed(ctx, pool, key, hostileHash, chargeFn(ctx, 5, &runs))
 				if err != nil || again != first || !replayed || runs != 1 {
 					t.Fatalf("%s: replay %+v, %v, replayed %v, runs %d; want %+v", v.name, again, err, replayed, runs, first)
 				}

@@ -35,12 +35,11 @@ func TestIsolationContract(t *testing.T) {
 			t.Run("replay_and_mismatch", func(t *testing.T) {
 				var runs atomic.Int64
 				work := chargeWork(ctx, "k-replay", 1, 100, &runs)
-				var replayed bool
-				first, err := idem.Do(ctx, pool, "k-replay", ledgerHash, work, level, idem.WithReplayed(&replayed))
+				first, replayed, err := runReplayed(ctx, pool, "k-replay", ledgerHash, work, level)
 				if err != nil || replayed {
 					t.Fatalf("first call: %v, replayed %v", err, replayed)
 				}
-				again, err := idem.Do(ctx, pool, "k-replay", ledgerHash, work, level, idem.WithReplayed(&replayed))
+				again, replayed, err := runReplayed(ctx, pool, "k-replay", ledgerHash, work, level)
 				if err != nil || !replayed {
 					t.Fatalf("second call: %v, replayed %v", err, replayed)
 				}
@@ -157,8 +156,7 @@ func TestIsolationContract(t *testing.T) {
 					return receipt{}, idem.Refuse("insufficient_funds", "no")
 				}
 				for i, wantReplay := range []bool{false, true} {
-					var replayed bool
-					_, err := idem.Do(ctx, pool, "k-refused", ledgerHash, refuse, level, idem.WithReplayed(&replayed))
+					_, replayed, err := runReplayed(ctx, pool, "k-refused", ledgerHash, refuse, level)
 					var refusal *idem.Refusal
 					if !errors.As(err, &refusal) || refusal.Code != "insufficient_funds" || idem.Retryable(err) || replayed != wantReplay {
 						t.Fatalf("call %d: %v (replayed %v); want the stored refusal", i+1, err, replayed)
@@ -359,7 +357,7 @@ create table shift_changes (idem_key text not null, doctor int not null)`); err 
 		l.noTrace(keys[i])
 		var replayed bool
 		for calls := 1; ; calls++ {
-			_, err = idem.Do(ctx, pool, keys[i], ledgerHash, offCall(keys[i], i+1, nil), level, idem.WithReplayed(&replayed))
+			_, replayed, err = runReplayed(ctx, pool, keys[i], ledgerHash, offCall(keys[i], i+1, nil), level)
 			if err == nil {
 				break
 			}

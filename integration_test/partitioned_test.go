@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,10 +58,14 @@ func TestPartitionedStormAcrossBoundaries(t *testing.T) {
 			l, pool := partitionedLedger(t, time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
+			sweeper, err := idem.NewClient(pool, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			sweepCtx, stopSweep := context.WithCancel(ctx)
 			swept := make(chan error, 1)
 			go func() {
-				swept <- idem.SweepEvery(sweepCtx, pool, 300*time.Millisecond, func(err error) { t.Error(err) })
+				swept <- sweeper.SweepEvery(sweepCtx, 300*time.Millisecond, func(err error) { t.Error(err) })
 			}()
 
 			const (
@@ -462,14 +467,43 @@ func TestPartitionedSweep(t *testing.T) {
 	if n := s.count("SELECT count(*) FROM idempotency_keys"); n != 1 || removed != 8 {
 		t.Fatalf("%d keys left, %d removed; want only the long-lived one left, 8 removed", n, removed)
 	}
-	// Given a transaction, Sweep only deletes from the DEFAULT partition.
+	// On an outer transaction, Sweep only deletes from the DEFAULT
+	// partition: it neither makes nor drops partitions there. "late" fills
+	// a partition that a sweep on the pool would drop once it expired.
+	sweep()
+	if _, err := idem.Do(ctx, short, "late", "h", one); err != nil {
+		t.Fatal(err)
+	}
+	pLate := partitionOf("late")
+	if pLate == "idempotency_keys_default" {
+		t.Fatalf("late went to the DEFAULT partition after Sweep made partitions")
+	}
+	time.Sleep(2 * time.Second) // "late" expires and its range passes
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := idem.Sweep(ctx, tx); err != nil {
-		t.Fatalf("Sweep in a transaction: %v", err)
+	// Read through tx: DDL of an uncommitted transaction is invisible to
+	// other sessions.
+	partitionsInTx := func() []string {
+		t.Helper()
+		rows, err := tx.Query(ctx, "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = 'idempotency_keys'::regclass ORDER BY 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	parts := partitionsInTx()
+	if n, err := short.On(tx).Sweep(ctx); err != nil || n != 0 {
+		t.Fatalf("Sweep in a transaction = %d, %v; want 0 (nothing expired in the DEFAULT partition)", n, err)
+	}
+	if after := partitionsInTx(); !slices.Equal(after, parts) || !slices.Contains(after, pLate) {
+		t.Fatalf("Sweep in a transaction changed the partitions: %v, then %v (%s must stay)", parts, after, pLate)
 	}
 }
 
@@ -520,11 +554,4 @@ func readSQL(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// runReplayed calls idem.Run with fn and reports whether the answer was a
-// replay.
-func runReplayed[T any](ctx context.Context, db idem.Beginner, key, hash string, fn func(pgx.Tx) (T, error)) (T, bool, error) {
-	v, outcome, err := idem.Run(ctx, db, key, hash, func(_ context.Context, tx pgx.Tx) (T, error) { return fn(tx) })
-	return v, outcome == idem.OutcomeReplayed, err
 }

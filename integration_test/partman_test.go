@@ -15,7 +15,7 @@ import (
 // TestPartmanManagesPartitions lets pg_partman make and drop the partitions
 // of the partitioned key table, as docs/SCALING.md describes: the parent
 // from schema/partitioned/001_idempotency_keys.sql, create_parent on
-// created_at, a retention of TTL plus the longest work. idem.Sweep sees that
+// created_at, a retention of TTL plus the longest work. Client.Sweep sees that
 // pg_partman manages the table and runs its maintenance instead of its own.
 //
 // `make test` installs the extension's package (scripts/ensure-partman.sh);

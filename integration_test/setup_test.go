@@ -185,6 +185,29 @@ func do[T any](t *testing.T, s *setup, v variant, key, hash string, fn func(pgx.
 	return res, err
 }
 
+// run calls idem.Run with ctx through variant v and returns what it
+// returned: the result, how the call ended, and the error. fn has Do's
+// shape, so that do and run take the same work.
+func run[T any](ctx context.Context, t *testing.T, s *setup, v variant, key, hash string, fn func(pgx.Tx) (T, error), opts ...idem.Option) (T, idem.Outcome, error) {
+	t.Helper()
+	var (
+		res     T
+		outcome idem.Outcome
+		err     error
+	)
+	v.with(t, s.pool, func(db idem.Beginner) {
+		res, outcome, err = idem.Run(ctx, s.client(db), key, hash, func(_ context.Context, tx pgx.Tx) (T, error) { return fn(tx) }, opts...)
+	})
+	return res, outcome, err
+}
+
+// runReplayed calls idem.Run on db with fn and reports whether the answer
+// was a replay.
+func runReplayed[T any](ctx context.Context, db idem.Beginner, key, hash string, fn func(pgx.Tx) (T, error), opts ...idem.Option) (T, bool, error) {
+	v, outcome, err := idem.Run(ctx, db, key, hash, func(_ context.Context, tx pgx.Tx) (T, error) { return fn(tx) }, opts...)
+	return v, outcome == idem.OutcomeReplayed, err
+}
+
 // client is db, or a Client on db with s.cfg when the test set one.
 func (s *setup) client(db idem.Beginner) idem.Beginner {
 	if s.cfg == nil {

@@ -141,9 +141,13 @@ func TestSweepSkipsKeysBeingClaimed(t *testing.T) {
 				t.Fatalf("the claim of the expired key: %v", err)
 			}
 
+			sweeper, err := idem.NewClient(s.pool, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			deleted, err := idem.Sweep(bounded, s.pool)
+			deleted, err := sweeper.Sweep(bounded)
 			releaseHolder()
 			if errors.Is(err, context.DeadlineExceeded) || bounded.Err() != nil {
 				t.Fatalf("Sweep waited for the claim's transaction until its deadline (%v): it must skip locked rows", err)

@@ -31,15 +31,21 @@ func TestSweepDeletesOnlyExpiredInBatches(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	seedKeys(t, s, 5, 23)
-	deleted, err := idem.Sweep(context.Background(), s.pool, idem.WithBatchSize(4))
+	// 23 expired keys in statements of at most 4: Sweep goes on until a
+	// batch comes back short.
+	sweeper, err := idem.NewClient(s.pool, &idem.Config{SweepBatchSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := sweeper.Sweep(context.Background())
 	if err != nil || deleted != 23 {
 		t.Fatalf("deleted %d, %v; want 23", deleted, err)
 	}
 	if n := s.count("SELECT count(*) FROM idempotency_keys"); n != 5 {
 		t.Fatalf("%d keys left, want the 5 live ones", n)
 	}
-	if _, err := idem.Sweep(context.Background(), s.pool, idem.WithBatchSize(0)); !errors.Is(err, idem.ErrInvalidOption) {
-		t.Fatalf("batch size 0: %v", err)
+	if _, err := idem.NewClient(s.pool, &idem.Config{SweepBatchSize: -1}); !errors.Is(err, idem.ErrInvalidOption) {
+		t.Fatalf("batch size -1: %v, want ErrInvalidOption", err)
 	}
 }
 
@@ -47,9 +53,13 @@ func TestSweepEveryRunsUntilCancelled(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	seedKeys(t, s, 2, 10)
+	sweeper, err := idem.NewClient(s.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- idem.SweepEvery(ctx, s.pool, 10*time.Millisecond, func(err error) { t.Error(err) }) }()
+	go func() { done <- sweeper.SweepEvery(ctx, 10*time.Millisecond, func(err error) { t.Error(err) }) }()
 	for deadline := time.Now().Add(time.Minute); s.count("SELECT count(*) FROM idempotency_keys") != 2; {
 		if time.Now().After(deadline) {
 			t.Fatal("the background sweeper did not delete the expired keys")

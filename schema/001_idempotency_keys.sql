@@ -1,10 +1,13 @@
 -- idem: the idempotency key table.
 --
--- One row per (scope, idempotency_key). A row is inserted as 'in_progress' in
--- the same transaction as the business work and updated to 'completed' (or
--- 'refused', a stored business refusal) before that transaction commits, so a
--- committed row is always terminal. Rows are replayed until expires_at and
--- deleted by the sweeper afterwards.
+-- One row per (scope, idempotency_key), written in the same transaction as
+-- the business work, so a committed row is always terminal: 'completed', or
+-- 'refused' (a stored business refusal). Depending on the call (idem/tx.go),
+-- the row is inserted 'in_progress' when the key is claimed and updated to
+-- its outcome before that transaction commits, or inserted once, with its
+-- outcome, before it commits. A row is replayed until completed_at plus its
+-- time to live (expires_at - created_at) and deleted by the sweeper once
+-- expires_at has passed too.
 --
 -- Safe to apply more than once.
 
@@ -34,9 +37,12 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     CONSTRAINT idempotency_keys_request_hash_length_check
         CHECK (octet_length(request_hash) BETWEEN 1 AND 255)
 )
--- Every key is inserted and then updated once in the same transaction. The
+-- Where a key is inserted 'in_progress' and then updated in the same
+-- transaction (REPEATABLE READ, SERIALIZABLE, an outer transaction), the
 -- update touches no indexed column, so with free space on the page it is a
 -- HOT update: no new index entries, and the dead version is pruned in place.
+-- A key written once (a pool or connection at READ COMMITTED, the default)
+-- leaves no dead version; the free space then serves the other calls.
 WITH (fillfactor = 80);
 
 -- The sweeper deletes in expires_at order; this index keeps that cheap.

@@ -1,24 +1,31 @@
-// Command idem runs the operations of an idem key table: create it, sweep
-// expired keys, report on it, and show one key.
+// Command idem runs the operations of an idem key table: create it, check
+// that a service can use it, sweep expired keys, report on it, and show one
+// key.
 //
 //	go run github.com/idemhq/idem/cmd/idem migrate [-table T] [-partitioned [-interval 24h]]
+//	go run github.com/idemhq/idem/cmd/idem check [-table T]
 //	go run github.com/idemhq/idem/cmd/idem sweep [-table T] [-every 1m]
 //	go run github.com/idemhq/idem/cmd/idem stats [-table T]
-//	go run github.com/idemhq/idem/cmd/idem inspect [-table T] [-scope S] KEY
+//	go run github.com/idemhq/idem/cmd/idem count [-table T]
+//	go run github.com/idemhq/idem/cmd/idem inspect [-table T] [-scope S] [-operation OP] [-key-file F] KEY
 //
 // The database is DATABASE_URL (default
-// postgres://postgres@127.0.0.1:5432/test?sslmode=disable). Exit codes: 0
-// success, 1 failure, 2 usage error, 3 key not found (inspect).
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable); over a network,
+// give it sslmode=verify-full. Everything printed from the database is
+// escaped for the terminal. Exit codes: 0 success, 1 failure, 2 usage
+// error, 3 key not found (inspect).
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -58,27 +65,59 @@ Commands:
             partitions of -interval (default 24h, whole seconds, at least
             1s) on created_at, dropped whole by sweep once their keys
             expired. A plain table cannot be turned into a partitioned one.
+  check     Check that a service can use the table (Client.Check): it
+            exists with idem's columns and unique key, its layout is one
+            idem works with, the role may write it, and the server is not
+            read-only. Run it at deployment, with the service's own role.
   sweep     Remove expired keys once, or every -every (e.g. 1m) until
             interrupted. Plain table: batched DELETE. Partitioned table:
             make partitions ahead, drop those whose keys all expired, delete
             from the DEFAULT partition (or run pg_partman's maintenance if it
             manages the table). Prints how many keys it removed.
-  stats     Keys that replay, keys in progress now and the oldest one's age,
-            expired keys awaiting the sweeper, the table's size, and its
-            partitions. Counting reads the whole table.
-  inspect   Show one key (Client.Lookup): status, created, completed and
-            expires times, request hash, result size, refusal. -scope is the
-            key's scope as stored (default empty).
+  stats     The table's health as a metrics scrape reads it (Client.Stats):
+            estimated rows and live keys, keys in progress now and the
+            oldest one's age, expired keys awaiting the sweeper (counted up
+            to 100000), the table's size. Never scans the table.
+  count     Count the keys exactly: live, expired awaiting the sweeper, in
+            progress now, the size of the table and of each partition.
+            Reads the whole table: on a large table prefer stats.
+  inspect   Show one key (Client.Lookup): status, times, request hash, the
+            stored body (decoded and escaped) and refusal. -scope is the
+            key's scope as stored (default empty); -operation names the
+            Wrap operation that stored it (the scope is then Wrap's caller
+            scope); -key-file opens a sealed row with the service's AES key.
 
 Flags of every command:
-  -table    the key table, optionally schema-qualified (default idempotency_keys)
+  -table            the key table, optionally schema-qualified (default idempotency_keys)
+  -connect-timeout  the bound of each connection attempt (default 10s; a
+                    connect_timeout in DATABASE_URL applies when this flag
+                    is not given)
 
 Environment:
-  DATABASE_URL   the database (default ` + DefaultURL + `)
+  DATABASE_URL   the database (default ` + DefaultURL + `).
+                 Over a network, use TLS that checks the server:
+                 postgres://user:password@host/db?sslmode=verify-full&sslrootcert=ca.pem
+                 Without sslmode, pgx uses sslmode=prefer, which falls back to
+                 no TLS: a server that declines TLS can then ask for the
+                 password in clear. idem warns when a password may travel so.
+
+Everything printed from the database (bodies, refusals, names, the server's
+error messages) is escaped: control characters show as \x1b, \n, \u202e.
 
 Exit codes: 0 success, 1 failure, 2 usage error, 3 key not found (inspect).
 Run "idem <command> -h" for a command's flags.
 `
+
+// commands are the subcommands and the arguments each takes, for their
+// usage lines.
+var commands = map[string]string{
+	"migrate": "",
+	"check":   "",
+	"sweep":   "",
+	"stats":   "",
+	"count":   "",
+	"inspect": "KEY",
+}
 
 // run is the command: args without the program name; it returns the exit
 // code.
@@ -93,14 +132,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	}
+	operands, known := commands[cmd]
+	if !known {
+		fmt.Fprintf(stderr, "idem: unknown command %s\n\n%s", strconv.Quote(cmd), usage)
+		return exitUsage
+	}
 	fs := flag.NewFlagSet("idem "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	table := fs.String("table", idem.DefaultTable, "the key table, optionally schema-qualified")
+	connectTimeout := fs.Duration("connect-timeout", DefaultConnectTimeout, "the bound of each connection attempt; when not given, DATABASE_URL's connect_timeout applies if it has one")
 	var (
 		partitioned *bool
 		interval    *time.Duration
 		every       *time.Duration
 		scope       *string
+		operation   *string
+		keyFile     *string
 	)
 	switch cmd {
 	case "migrate":
@@ -108,15 +155,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		interval = fs.Duration("interval", schema.DefaultPartitionInterval, "partition interval with -partitioned (whole seconds, at least 1s)")
 	case "sweep":
 		every = fs.Duration("every", 0, "sweep every interval until interrupted (0: once)")
-	case "stats":
 	case "inspect":
-		scope = fs.String("scope", "", "the key's scope, as stored")
-	default:
-		fmt.Fprintf(stderr, "idem: unknown command %q\n\n%s", cmd, usage)
-		return exitUsage
+		scope = fs.String("scope", "", "the key's scope, as stored; with -operation, the caller's scope given to Wrap")
+		operation = fs.String("operation", "", "the operation of idem.Wrap that stored the key")
+		keyFile = fs.String("key-file", "", "a file holding the AES key of the service's idem.NewAEADSealer (AES-GCM; hex, base64 or raw; 16, 24 or 32 bytes), to open sealed rows")
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage of idem %s:\n", cmd)
+		line := "usage: idem " + cmd + " [flags]"
+		if operands != "" {
+			line += " " + operands
+		}
+		fmt.Fprintln(stderr, line)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -126,11 +175,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 	switch {
-	case cmd == "inspect" && fs.NArg() != 1:
-		fmt.Fprintln(stderr, "idem inspect: want exactly one KEY")
+	case operands == "KEY" && fs.NArg() != 1:
+		fmt.Fprintf(stderr, "idem %s: want exactly one KEY\n", cmd)
+		fs.Usage()
 		return exitUsage
-	case cmd != "inspect" && fs.NArg() != 0:
-		fmt.Fprintf(stderr, "idem %s: unexpected arguments %q\n", cmd, fs.Args())
+	case operands == "" && fs.NArg() != 0:
+		say(stderr, "idem %s: unexpected arguments %q", cmd, fs.Args())
+		fs.Usage()
 		return exitUsage
 	case cmd == "migrate" && !*partitioned && isSet(fs, "interval"):
 		fmt.Fprintln(stderr, "idem migrate: -interval needs -partitioned")
@@ -138,40 +189,79 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case every != nil && *every < 0:
 		fmt.Fprintln(stderr, "idem sweep: -every must not be negative")
 		return exitUsage
+	case *connectTimeout <= 0:
+		fmt.Fprintf(stderr, "idem %s: -connect-timeout must be positive\n", cmd)
+		return exitUsage
+	}
+
+	cfg := &idem.Config{Table: *table}
+	storedScope := ""
+	if cmd == "inspect" {
+		storedScope = *scope
+		if *operation != "" {
+			s, err := idem.WrapScope(*operation, *scope)
+			if err != nil {
+				say(stderr, "idem inspect: %s", strings.TrimPrefix(err.Error(), "idem: "))
+				return exitUsage
+			}
+			storedScope = s
+		}
+		if *keyFile != "" {
+			sl, err := loadSealer(*keyFile)
+			if err != nil {
+				say(stderr, "idem inspect: %s", err)
+				return exitUsage
+			}
+			cfg.Sealer = sl
+		}
 	}
 
 	url := getenv("DATABASE_URL")
 	if url == "" {
 		url = DefaultURL
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := connect(ctx, url, *connectTimeout, isSet(fs, "connect-timeout"), stderr)
 	if err != nil {
-		fmt.Fprintln(stderr, "idem:", err)
+		say(stderr, "idem: %s", err)
 		return exitFailure
 	}
 	defer pool.Close()
-	keys, err := idem.NewClient(pool, &idem.Config{Table: *table})
+	keys, err := idem.NewClient(pool, cfg)
 	if err != nil {
-		fmt.Fprintln(stderr, "idem:", err)
+		say(stderr, "idem: %s", err)
 		return exitUsage
 	}
 
 	switch cmd {
 	case "migrate":
 		err = migrate(ctx, pool, *table, *partitioned, *interval, stdout)
+	case "check":
+		err = check(ctx, pool, keys, stdout)
 	case "sweep":
 		err = sweep(ctx, keys, *every, stdout, stderr)
 	case "stats":
-		err = stats(ctx, newSQLStats(pool, *table), stdout)
+		err = stats(ctx, keys, stdout)
+	case "count":
+		err = count(ctx, pool, *table, stdout)
 	case "inspect":
-		err = inspect(ctx, keys, *scope, fs.Arg(0), stdout)
+		err = inspect(ctx, keys, storedScope, fs.Arg(0), *keyFile != "", stdout)
 		if errors.Is(err, idem.ErrNotFound) {
-			fmt.Fprintf(stderr, "idem inspect: no key %q in scope %q\n", fs.Arg(0), *scope)
+			say(stderr, "idem inspect: no key %q in scope %q in %s", fs.Arg(0), storedScope, keys.Table())
+			if *operation == "" {
+				say(stderr, "keys stored through idemhttp, idemgrpc or a scope in the context live in that scope: pass -scope; keys stored by idem.Wrap also need -operation")
+			}
 			return exitNotFound
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "idem %s: %s\n", cmd, strings.TrimPrefix(err.Error(), "idem: "))
+		// Check names every problem it found, one error each: one line each.
+		problems := []error{err}
+		if joined, ok := err.(interface{ Unwrap() []error }); ok {
+			problems = joined.Unwrap()
+		}
+		for _, p := range problems {
+			say(stderr, "idem %s: %s", cmd, strings.TrimPrefix(p.Error(), "idem: "))
+		}
 		if errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrInvalidScope) || errors.Is(err, idem.ErrInvalidOption) {
 			return exitUsage
 		}
@@ -191,13 +281,29 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, table string, partitioned 
 		if err := schema.ApplyPartitioned(ctx, pool, table, interval); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: partitioned by created_at\n", table)
+		say(stdout, "%s: partitioned by created_at", table)
 		return nil
 	}
 	if err := schema.ApplyTable(ctx, pool, table); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: ready\n", table)
+	say(stdout, "%s: ready", table)
+	return nil
+}
+
+func check(ctx context.Context, pool *pgxpool.Pool, keys *idem.Client, stdout io.Writer) error {
+	if err := keys.Check(ctx); err != nil {
+		return err
+	}
+	var partitioned bool
+	if err := pool.QueryRow(ctx, "SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)", keys.Table()).Scan(&partitioned); err != nil {
+		return err
+	}
+	layout := "plain"
+	if partitioned {
+		layout = "partitioned"
+	}
+	say(stdout, "%s: ready (%s layout; this role may read and write it)", keys.Table(), layout)
 	return nil
 }
 
@@ -207,7 +313,7 @@ func sweep(ctx context.Context, keys *idem.Client, every time.Duration, stdout, 
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s %s: removed %d expired keys\n", time.Now().UTC().Format(time.RFC3339), keys.Table(), n)
+		say(stdout, "%s %s: removed %d expired keys", time.Now().UTC().Format(time.RFC3339), keys.Table(), n)
 		return nil
 	}
 	if every == 0 {
@@ -217,9 +323,9 @@ func sweep(ctx context.Context, keys *idem.Client, every time.Duration, stdout, 
 	defer t.Stop()
 	for {
 		// A failed sweep is reported and retried at the next tick, as
-		// idem.SweepEvery does.
+		// Client.SweepEvery does.
 		if err := once(); err != nil && ctx.Err() == nil {
-			fmt.Fprintln(stderr, "idem sweep:", err)
+			say(stderr, "idem sweep: %s", strings.TrimPrefix(err.Error(), "idem: "))
 		}
 		select {
 		case <-ctx.Done():
@@ -229,32 +335,60 @@ func sweep(ctx context.Context, keys *idem.Client, every time.Duration, stdout, 
 	}
 }
 
-func inspect(ctx context.Context, keys *idem.Client, scope, key string, stdout io.Writer) error {
+func inspect(ctx context.Context, keys *idem.Client, scope, key string, haveKey bool, stdout io.Writer) error {
 	rec, err := keys.Lookup(ctx, scope, key)
 	if err != nil {
 		return err
 	}
-	w := func(name, value string) { fmt.Fprintf(stdout, "%-13s %s\n", name+":", value) }
-	w("key", fmt.Sprintf("%q", rec.Key))
-	w("scope", fmt.Sprintf("%q", rec.Scope))
+	w := func(name, format string, args ...any) {
+		say(stdout, "%-13s "+format, append([]any{name + ":"}, args...)...)
+	}
+	w("key", "%q", rec.Key)
+	w("scope", "%q", rec.Scope)
 	status := string(rec.Status)
 	if rec.Status != idem.StatusInProgress && rec.Expired(time.Now()) {
 		status += " (expired, awaiting the sweeper)"
 	}
-	w("status", status)
+	w("status", "%s", status)
 	if rec.Status == idem.StatusInProgress && rec.CreatedAt.IsZero() {
 		w("note", "a transaction holds the key now; its row is not visible yet")
 		return nil
 	}
-	w("created", stamp(rec.CreatedAt))
-	w("completed", stamp(rec.CompletedAt))
-	w("expires", stamp(rec.ExpiresAt))
-	w("request hash", rec.RequestHash)
-	w("result", fmt.Sprintf("%d bytes", len(rec.Result)))
-	if rec.Refusal != nil {
-		w("refusal", fmt.Sprintf("%s: %s (status %d)", rec.Refusal.Code, rec.Refusal.Message, rec.Refusal.Status))
+	w("created", "%s", stamp(rec.CreatedAt))
+	w("completed", "%s", stamp(rec.CompletedAt))
+	w("expires", "%s", stamp(rec.ExpiresAt))
+	w("request hash", "%s", rec.RequestHash)
+	if rec.Status == idem.StatusInProgress {
+		return nil // committed without completing: it holds no result
 	}
+	if rec.Sealed {
+		hint := "pass -key-file with the service's AES key to open it"
+		if haveKey {
+			hint = "the key file does not open it"
+		}
+		w("result", "sealed (%s)", hint)
+		return nil
+	}
+	if rec.Refusal != nil {
+		// A refused call stores its result type's zero value: nothing to show.
+		w("refusal", "%s: %s (status %d)", rec.Refusal.Code, rec.Refusal.Message, rec.Refusal.Status)
+		return nil
+	}
+	w("result", "%d bytes", len(rec.Result))
+	w("body", "%s", body(rec.Result))
 	return nil
+}
+
+// body shows a stored result: JSON as stored, any other form (a type's
+// MarshalBinary) quoted; say escapes either for the terminal.
+func body(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "(empty)"
+	case json.Valid(b):
+		return string(b)
+	}
+	return "binary " + strconv.QuoteToGraphic(string(b))
 }
 
 func stamp(t time.Time) string {

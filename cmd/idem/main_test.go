@@ -44,11 +44,22 @@ func TestUsage(t *testing.T) {
 		{[]string{"-h"}, exitOK, "inspect"},
 		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 		{[]string{"inspect"}, exitUsage, "exactly one KEY"},
+		{[]string{"inspect"}, exitUsage, "usage: idem inspect [flags] KEY"},
 		{[]string{"migrate", "-interval", "1h"}, exitUsage, "-interval needs -partitioned"},
 		{[]string{"sweep", "extra"}, exitUsage, "unexpected arguments"},
 		{[]string{"sweep", "-every", "-1s"}, exitUsage, "must not be negative"},
 		{[]string{"stats", "-table", "Bad Name"}, exitUsage, "invalid table"},
 		{[]string{"sweep", "-h"}, exitOK, "-every"},
+		{[]string{"sweep", "-h"}, exitOK, "usage: idem sweep [flags]\n"},
+		{[]string{"inspect", "-h"}, exitOK, "usage: idem inspect [flags] KEY\n"},
+		{[]string{"inspect", "-h"}, exitOK, "-operation"},
+		{[]string{"inspect", "-h"}, exitOK, "-key-file"},
+		{[]string{"check", "-h"}, exitOK, "usage: idem check [flags]\n"},
+		{[]string{"count", "-h"}, exitOK, "usage: idem count [flags]\n"},
+		{[]string{"stats", "-h"}, exitOK, "-connect-timeout"},
+		{[]string{"check", "-connect-timeout", "0s"}, exitUsage, "-connect-timeout must be positive"},
+		{[]string{"inspect", "-operation", "bad\x1fop", "k"}, exitUsage, "invalid operation"},
+		{[]string{"inspect", "-key-file", "/nonexistent/key", "k"}, exitUsage, "key file"},
 	}
 	for _, c := range cases {
 		code, out, errOut := idemCmd(ctx, "postgres://nowhere.invalid/x", c.args...)
@@ -57,7 +68,7 @@ func TestUsage(t *testing.T) {
 		}
 	}
 	_, out, _ := idemCmd(ctx, "", "-h")
-	for _, sub := range []string{"migrate", "sweep", "stats", "inspect", "DATABASE_URL", "Exit codes"} {
+	for _, sub := range []string{"migrate", "check", "sweep", "stats", "count", "inspect", "Never scans", "Reads the whole table", "DATABASE_URL", "sslmode=verify-full", "-connect-timeout", "Exit codes"} {
 		if !strings.Contains(out, sub) {
 			t.Errorf("-h does not explain %s", sub)
 		}
@@ -93,14 +104,27 @@ func TestPlainTable(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	code, out, errOut := idemCmd(ctx, url, "stats")
+	code, out, errOut := idemCmd(ctx, url, "count")
 	for _, want := range []string{"plain", "live keys:          3", "expired, unswept:   1", "in progress:        0", "KiB"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Fatalf("count: exit %d, want %q in:\n%s%s", code, want, out, errOut)
+		}
+	}
+	// stats is Client.Stats: its row figures are the planner's estimates.
+	if _, err := pool.Exec(ctx, "ANALYZE idempotency_keys"); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = idemCmd(ctx, url, "stats")
+	for _, want := range []string{"table:              idempotency_keys", "rows:               ~4 (estimated)", "live keys:          ~3 (estimated)", "expired, unswept:   1", "in progress:        0", "KiB"} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Fatalf("stats: exit %d, want %q in:\n%s%s", code, want, out, errOut)
 		}
 	}
+	if code, out, errOut := idemCmd(ctx, url, "check"); code != exitOK || !strings.Contains(out, "idempotency_keys: ready (plain layout") {
+		t.Fatalf("check: exit %d\n%s%s", code, out, errOut)
+	}
 	code, out, _ = idemCmd(ctx, url, "inspect", "k-1")
-	for _, want := range []string{"completed", "hash-1", "result:       6 bytes"} {
+	for _, want := range []string{"completed", "hash-1", "result:       6 bytes", `body:         "paid"`} {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Fatalf("inspect k-1: exit %d, want %q in:\n%s", code, want, out)
 		}
@@ -113,8 +137,8 @@ func TestPlainTable(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "expired, awaiting the sweeper") {
 		t.Fatalf("inspect k-0: exit %d\n%s", code, out)
 	}
-	if code, _, errOut := idemCmd(ctx, url, "inspect", "missing"); code != exitNotFound || !strings.Contains(errOut, "no key") {
-		t.Fatalf("inspect missing: exit %d, %s", code, errOut)
+	if code, _, errOut := idemCmd(ctx, url, "inspect", "missing"); code != exitNotFound || !strings.Contains(errOut, `no key "missing" in scope ""`) || !strings.Contains(errOut, "pass -scope") || !strings.Contains(errOut, "-operation") {
+		t.Fatalf("inspect missing: exit %d, %s; want the scopes hint", code, errOut)
 	}
 	if code, out, _ := idemCmd(ctx, url, "sweep"); code != exitOK || !strings.Contains(out, "removed 1 expired keys") {
 		t.Fatalf("sweep: exit %d, %s", code, out)
@@ -128,13 +152,14 @@ func TestPlainTable(t *testing.T) {
 	}()
 	<-entered
 	_, out, _ = idemCmd(ctx, url, "stats")
+	_, counted, _ := idemCmd(ctx, url, "count")
 	_, insp, _ := idemCmd(ctx, url, "inspect", "busy")
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "in progress:        1 (oldest running for") || !strings.Contains(insp, "in_progress") {
-		t.Fatalf("a key in progress: stats\n%s\ninspect\n%s", out, insp)
+	if !strings.Contains(out, "in progress:        1 (oldest running for") || !strings.Contains(counted, "in progress:        1 (oldest running for") || !strings.Contains(insp, "in_progress") {
+		t.Fatalf("a key in progress: stats\n%s\ncount\n%s\ninspect\n%s", out, counted, insp)
 	}
 	if code, _, errOut := idemCmd(ctx, url, "migrate", "-partitioned"); code != exitFailure || !strings.Contains(errOut, "not partitioned") {
 		t.Fatalf("migrate -partitioned over a plain table: exit %d, %s", code, errOut)
@@ -170,9 +195,12 @@ func TestPartitionedTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	code, out, errOut := idemCmd(ctx, url, "stats", "-table", "billing.keys")
+	code, out, errOut := idemCmd(ctx, url, "count", "-table", "billing.keys")
 	if code != exitOK || !strings.Contains(out, "partitioned (") || !strings.Contains(out, "billing.keys_p") || !strings.Contains(out, "live keys:          3") {
-		t.Fatalf("stats: exit %d\n%s%s", code, out, errOut)
+		t.Fatalf("count: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := idemCmd(ctx, url, "check", "-table", "billing.keys"); code != exitOK || !strings.Contains(out, "partitioned layout") {
+		t.Fatalf("check: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, out, _ := idemCmd(ctx, url, "inspect", "-table", "billing.keys", "k-2"); code != exitOK || !strings.Contains(out, "completed") {
 		t.Fatalf("inspect: exit %d\n%s", code, out)
@@ -188,5 +216,19 @@ func TestPartitionedTable(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM billing.keys").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d keys left after sweeping, %v", n, err)
+	}
+}
+
+func TestBody(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ in, want string }{
+		{`{"id":"ch_1"}`, `{"id":"ch_1"}`},
+		{"", "(empty)"},
+		{"\x00\x01binary\xff", `binary "\x00\x01binary\xff"`},
+	}
+	for _, c := range cases {
+		if got := body([]byte(c.in)); got != c.want {
+			t.Errorf("body(%q) = %q, want %q", c.in, got, c.want)
+		}
 	}
 }

@@ -21,10 +21,12 @@
 --       'in_progress' committed by misuse), seen from this snapshot, after
 --       the lock: complete_deferred_replace.sql replaces it;
 --  -1   the transaction is not READ COMMITTED (READ UNCOMMITTED is READ
---       COMMITTED in PostgreSQL). At REPEATABLE READ or SERIALIZABLE, as a
---       session or database default, the snapshot is the claim's and would
---       not see that first attempt: Do rolls back and claims with claim.sql,
---       whose insertion catches it;
+--       COMMITTED in PostgreSQL), although the protocol was chosen for it
+--       (tx.go): the session's default changed since idem learnt it, or
+--       something between idem and PostgreSQL dropped the SET statements.
+--       At REPEATABLE READ or SERIALIZABLE the snapshot is the claim's and
+--       would not see that first attempt: Do rolls back and fails the call,
+--       and the next call learns the default again;
 --  -2   the key's row could not be written at the end: a read-only
 --       transaction (a standby, or default_transaction_read_only) or no
 --       INSERT privilege on the table. Do rolls back before fn runs, as
@@ -37,16 +39,15 @@ SELECT 1 / (CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
              NOT IN ('read committed', 'read uncommitted') THEN -1
         WHEN current_setting('transaction_read_only') = 'on'
              OR NOT has_table_privilege('idempotency_keys'::regclass, 'INSERT') THEN -2
-        ELSE (
-            SELECT 1 / (CASE WHEN bool_or(live) THEN 0 ELSE 1 END)
-                 * (CASE WHEN count(*) > 0 THEN 2 ELSE 1 END)
-            FROM (
-                SELECT status <> 'in_progress'
-                       AND completed_at + (expires_at - created_at) > now() AS live
-                FROM idempotency_keys
-                WHERE scope = $1 AND idempotency_key = $2
-            ) AS k
-        ) * (CASE WHEN $3::text IS NULL THEN 1
+        -- The primary key makes this at most one row: a scalar subquery,
+        -- where an aggregate would cost the executor more to start.
+        ELSE coalesce((
+            SELECT 2 / (CASE WHEN status <> 'in_progress'
+                              AND completed_at + (expires_at - created_at) > now()
+                             THEN 0 ELSE 1 END)
+            FROM idempotency_keys
+            WHERE scope = $1 AND idempotency_key = $2
+        ), 1) * (CASE WHEN $3::text IS NULL THEN 1
                   ELSE 1 + 0 * length(set_config('idle_in_transaction_session_timeout', $3::text, true))
              END)
     END

@@ -1,4 +1,6 @@
 -- layout: whether the key table is partitioned (relkind 'p'), as the
--- session's search_path resolves $1; no row if there is no such table.
--- Asked once per connection and table.
-SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)
+-- session's search_path resolves $1, and the session's default isolation
+-- level, which chooses the protocol of a call that does not set one (tx.go);
+-- no row if there is no such table. Asked once per connection and table.
+SELECT relkind = 'p', current_setting('default_transaction_isolation')
+FROM pg_class WHERE oid = to_regclass($1)

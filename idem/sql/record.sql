@@ -1,7 +1,7 @@
 -- record: a key's row for an operator, whatever its state, and whether a
--- transaction holds the key right now (its row, if new, is not visible yet).
--- The advisory lock taken to probe is released when this statement's
--- implicit transaction ends.
+-- transaction holds the key right now (its row, if new, is not visible yet):
+-- another session holds the claim's advisory lock, as pg_locks shows it.
+-- It takes no lock of its own, so it never delays a claim.
 --   $1 scope   $2 key
 SELECT busy.held, k.request_hash, k.status, k.response, k.refusal,
        k.created_at, k.completed_at,

@@ -1,4 +1,4 @@
--- stats_partitions: the table and its partitions (a plain table is its own
+-- count_partitions: the table and its partitions (a plain table is its own
 -- only leaf) with their bounds, estimated rows, size with indexes and TOAST,
 -- and whether the present falls in their range.
 --   $1 the key table

@@ -1,0 +1,124 @@
+package idem
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+//go:embed sql/check.sql
+var checkSQL string
+
+// applySchema is what every error about a missing or malformed key table
+// tells the operator to do.
+const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPartitioned) or `idem migrate` (safe to repeat)"
+
+// Check verifies, in one statement that reads the catalog and writes
+// nothing, that the Client can work with its key table, so that a
+// misconfigured deployment fails when it starts rather than at its first
+// call. It returns nil, or an error that names every problem found and
+// what to do about it:
+//
+//   - the table exists, as the session's search_path resolves its name;
+//   - it has the columns idem reads and writes, with their types, and the
+//     unique index on (scope, idempotency_key) that keeps a key's row unique
+//     (on the partitioned layout, (scope, idempotency_key, created_at));
+//   - a partitioned table is idem's partitioned layout (RANGE on
+//     created_at), with a partition, or the DEFAULT one, that takes a key
+//     claimed now;
+//   - the role may SELECT, INSERT, UPDATE and DELETE its rows;
+//   - the session may write: it is not read-only (default_transaction_read_only,
+//     or an outer read-only transaction given to On) and the server is not a
+//     standby.
+//
+// Check does not verify what only maintenance needs: on the partitioned
+// layout, Sweep makes and drops partitions, which needs the table's owner.
+// ctx governs the statement. On a Client made with On(tx), Check runs in
+// that transaction.
+func (c *Client) Check(ctx context.Context) error {
+	var (
+		name, partKey                           *string
+		partitioned, unique, current            bool
+		missing                                 []string
+		role                                    string
+		canSelect, canInsert, canUpdate, canDel bool
+		readOnly, standby                       bool
+	)
+	err := c.query(ctx, func(q querier) error {
+		return q.QueryRow(ctx, checkSQL, c.base.table).Scan(&name, &partitioned, &partKey, &missing,
+			&unique, &current, &role, &canSelect, &canInsert, &canUpdate, &canDel, &readOnly, &standby)
+	})
+	if err != nil {
+		return fmt.Errorf("idem: check %s: %w", c.base.table, err)
+	}
+	table := c.base.table
+	var problems []error
+	add := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	switch {
+	case name == nil:
+		add("idem: the key table %s does not exist: %s", table, applySchema)
+	case len(missing) > 0:
+		add("idem: the key table %s lacks columns idem needs, or has them with another type (%s): it is not idem's key table, or was changed; %s, or compare it with schema/001_idempotency_keys.sql",
+			table, strings.Join(missing, ", "), applySchema)
+	}
+	if name != nil {
+		layout := "plain"
+		if partitioned {
+			layout = "partitioned"
+		}
+		switch {
+		case partitioned && (partKey == nil || *partKey != "RANGE (created_at)"):
+			add("idem: the key table %s is partitioned by %s; idem's partitioned layout is RANGE (created_at): make it with schema.ApplyPartitioned or `idem migrate -partitioned`", table, deref(partKey))
+		case !unique && partitioned:
+			add("idem: the key table %s (%s) has no unique index on (scope, idempotency_key, created_at): %s", table, layout, applySchema)
+		case !unique:
+			add("idem: the key table %s (%s) has no unique index on (scope, idempotency_key), which keeps a key's row unique: %s", table, layout, applySchema)
+		}
+		if !current {
+			add("idem: the key table %s has no partition for keys claimed now, and no DEFAULT partition: every claim would fail; apply the schema with schema.ApplyPartitioned or `idem migrate -partitioned` (safe to repeat), and run a sweeper (Client.SweepEvery or `idem sweep -every`), which makes partitions ahead", table)
+		}
+		var lacks []string
+		for _, p := range []struct {
+			name string
+			ok   bool
+		}{{"SELECT", canSelect}, {"INSERT", canInsert}, {"UPDATE", canUpdate}, {"DELETE", canDel}} {
+			if !p.ok {
+				lacks = append(lacks, p.name)
+			}
+		}
+		if len(lacks) > 0 {
+			add("idem: the role %s may not %s rows of the key table %s: GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s",
+				role, strings.Join(lacks, ", "), table, *name, role)
+		}
+	}
+	switch {
+	case standby:
+		add("idem: the server is a standby (in recovery) and cannot store keys: connect to the primary (for example with target_session_attrs=read-write in the connection string)")
+	case readOnly:
+		add("idem: the session is read-only (transaction_read_only is on: default_transaction_read_only, or a read-only transaction) and cannot store keys: use a read-write session on the primary")
+	}
+	return errors.Join(problems...)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "nothing"
+	}
+	return *s
+}
+
+// tableError adds what to do to err when the key table does not exist
+// (SQLSTATE 42P01), for the operations that can meet a missing table:
+// Sweep, Lookup, Forget and Stats.
+func tableError(table, op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
+		return fmt.Errorf("idem: %s: the key table %s does not exist: %s: %w", op, table, applySchema, err)
+	}
+	return fmt.Errorf("idem: %s: %w", op, err)
+}
