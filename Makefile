@@ -4,19 +4,20 @@ GO        ?= go
 GOBIN     := $(CURDIR)/bin
 LINT      := $(GOBIN)/golangci-lint
 LINT_VER  := v2.15.0
-FUZZTIME  ?= 10s
+FUZZTIME  ?= 30s
 
-# The repository's Go modules: the root module and the nested ones that
-# keep heavy dependencies away from the core's users. test, vet, fmt-check,
-# tidy-check, lint and fuzz run in each.
-MODULES   := . payments_example idemgrpc idemotel
+# The repository's Go modules: the root module, the nested ones that keep
+# heavy dependencies away from the core's users, and tools (benchmarks, load
+# and crash drivers, the mutation runner). test, vet, fmt-check, tidy-check,
+# check-modules, lint and fuzz run in each.
+MODULES   := . payments_example idemgrpc idemotel tools
 # Pathspecs that leave the nested modules out of the root module's files.
 NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test settle-test demo bench bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test test-long test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,13 +26,32 @@ postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it, an
 	@./scripts/ensure-postgres.sh
 	@./scripts/ensure-partman.sh
 
-test: postgres fmt-check vet tidy-check generate-check ## Run every test of every module against a real PostgreSQL, with -race, plus short fuzz runs.
+test: postgres fmt-check vet tidy-check generate-check check-large-files check-modules ## Every module's tests against a real PostgreSQL, with -race, fuzz seeds included (the long suites are make test-long); target: under 3 minutes.
 	@$(GO) run ./internal/testdb/which
 	@status=0; for m in $(MODULES); do \
 	  echo "go test -race ./... in $$m"; \
 	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
 	done; exit $$status
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
+
+test-long: postgres generate-check-full test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration; about 25 minutes.
+
+# The packages that hold tests gated by IDEM_TEST_LONG=1 (each skips with a
+# message naming make test-long); their short tests run again with them.
+LONG_PACKAGES := ./integration_test
+LONG_PACKAGES_EXAMPLE := .
+
+test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1: the exec-mode x isolation matrix, the largest results, the crash tests that need no root.
+	IDEM_TEST_LONG=1 $(GO) test -race -count=1 -timeout 30m $(LONG_PACKAGES)
+	cd payments_example && IDEM_TEST_LONG=1 $(GO) test -race -count=1 -timeout 20m $(LONG_PACKAGES_EXAMPLE)
+
+test-linearizability: postgres ## The long linearizability run: several seeds for minutes each, while backends are terminated.
+	IDEM_LINEARIZABILITY=long $(GO) test -race -count=1 -run Linearizab -timeout 30m ./integration_test
+
+check-large-files: ## Fail on any file git tracks (or would add) over 1 MB that is not generated code.
+	@./scripts/check-large-files.sh
+
+check-modules: ## Fail unless every module builds without a go.work from a clone's files and could be published (module zip checks).
+	@./scripts/check-modules.sh $(MODULES)
 
 settle-test: postgres ## The payments example's long settlement test: SIGKILLs, a database restart (a cluster of its own; root), a faulty processor.
 	cd payments_example && IDEM_SETTLE_TEST=1 $(GO) test -race -count=1 -timeout 20m -run 'TestSettleThroughKillsAndRestarts$$' -v .
@@ -39,9 +59,13 @@ settle-test: postgres ## The payments example's long settlement test: SIGKILLs, 
 demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
 	cd payments_example && $(GO) run ./demo
 
-generate: generate-example generate-grpc ## Regenerate every checked-in generated file.
+generate: generate-example generate-grpc ## Regenerate every checked-in generated file, and record their checksums (scripts/generated.sum).
+	@./scripts/generated-sum.sh record
 
-generate-check: generate-check-example generate-check-grpc ## Fail if make generate would change a committed generated file.
+generate-check: ## Fail if a generated file, or what it is made from, changed since make generate recorded them (no generator runs).
+	@./scripts/generated-sum.sh check
+
+generate-check-full: generate-check generate-check-example generate-check-grpc ## Regenerate into a scratch directory and fail on any difference (builds the generators).
 
 generate-example: ## Regenerate the payments example's api package (bundled spec, oapi-codegen code) from its openapi.yaml.
 	./payments_example/generate.sh
@@ -63,16 +87,16 @@ generate-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh g
 	@./scripts/check-generated-grpc.sh
 
 bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer patterns.
-	$(GO) run ./cmd/idem-bench
+	cd tools && $(GO) run ./idem-bench
 
 bench-http: postgres ## idemhttp vs a bare handler over HTTP (1 ms to the database), and memory per request in flight; about 70 s.
-	$(GO) run ./cmd/idem-bench -http
+	cd tools && $(GO) run ./idem-bench -http
 
 bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops under sustained load (ARGS=-short for a quick run).
-	$(GO) run ./cmd/idem-retention $(ARGS)
+	cd tools && $(GO) run ./idem-retention $(ARGS)
 
 loadtest: postgres ## Several processes, 100k+ operations, reconciled from the database.
-	$(GO) run ./cmd/idem-load
+	cd tools && $(GO) run ./idem-load
 
 crashtest: ## Kill the services and crash PostgreSQL under retrying clients: idem-load's app, then the payments example (CRASHTEST_SERVICES; own cluster on :54329; root).
 	IDEM_CRASH_SERVICES="$(CRASHTEST_SERVICES)" ./scripts/crashtest.sh $(CRASHTEST_ARGS)
@@ -87,12 +111,12 @@ test-pgbouncer: postgres ## Run the integration suite through PgBouncer in trans
 	./scripts/test-pgbouncer.sh
 
 mutate: postgres ## Put each deliberate bug of scripts/mutations/mutations.txt into a scratch copy; the tests must catch every one.
-	$(GO) run ./cmd/idem-mutate $(MUTATE_FLAGS)
+	cd tools && IDEM_TEST_LONG=1 $(GO) run ./idem-mutate $(MUTATE_FLAGS)
 
 mutate-broad: postgres ## Gremlins' generated mutations of idem's pure logic (keys, hashes, canonical JSON), in a scratch copy.
 	@./scripts/mutate-broad.sh
 
-fuzz: ## Run each fuzz target of every module for FUZZTIME (default 10s).
+fuzz: ## Run each fuzz target of every module for FUZZTIME (default 30s); make test runs their seed corpora only.
 	@for m in $(MODULES); do (cd $$m && $(CURDIR)/scripts/fuzz.sh $(FUZZTIME)) || exit 1; done
 
 lint: ## golangci-lint over every module, installed into ./bin on first use.

@@ -41,7 +41,8 @@ type call struct {
 	// call: the arguments boxed once (scope and key go out three times), the
 	// two pipelines with room for their statements, and the claim's targets.
 	scopeArg, keyArg any
-	claimArgv        [4]any
+	lockArg          any // lockKey(scope, key)
+	claimArgv        [5]any
 	scan             claimTargets
 }
 
@@ -73,7 +74,8 @@ func newCall(s *settings, scope, key, reqHash string, db Beginner) (*call, error
 		scopeArg: scope,
 		keyArg:   key,
 	}
-	c.claimArgv = [4]any{c.scopeArg, c.keyArg, reqHash, c.ttlMicro}
+	c.lockArg = lockKey(scope, key)
+	c.claimArgv = [5]any{c.scopeArg, c.keyArg, reqHash, c.ttlMicro, c.lockArg}
 	return c, nil
 }
 

@@ -13,12 +13,15 @@ import (
 // that carries the call's key (KeyFromContext, CallKey.Derive). The
 // returned function hashes req with HashJSON, stores the key under the
 // operation within the caller's scope (from ctx, see ContextWithScope), and
-// runs method through Run. Errors are those of Do and of method.
+// runs method through Run, whose results it returns: the response, how the
+// call ended (OutcomeReplayed for a stored answer, so that an HTTP handler
+// can set Idempotent-Replayed), and the error. Errors are those of Do and of
+// method.
 //
 //	charge := idem.Wrap(keys, "payments.charge", svc.Charge) // once, at start-up
 //	...
 //	ctx = idem.ContextWithScope(ctx, tenantID)              // per request
-//	payment, err := charge(ctx, key, ChargeRequest{AccountID: 1, Amount: 500})
+//	payment, outcome, err := charge(ctx, key, ChargeRequest{AccountID: 1, Amount: 500})
 //
 // Keys of different operations never meet: the scope a key is stored under
 // encodes the operation and the caller's scope unambiguously (as
@@ -34,11 +37,10 @@ import (
 //
 // Wrap never panics. An invalid db, operation, method or option makes every
 // call of the returned function fail, before any database work, with an
-// error wrapping ErrInvalidOption (or ErrInvalidTable); so does an option
-// that does not apply to Wrap (WithReplayed: use an Observer to see replays).
+// error wrapping ErrInvalidOption.
 // Build wrapped methods once, at start-up, and check them there with one
 // call if a bad configuration must stop the process.
-func Wrap[Req, Resp any](db Beginner, operation string, method func(ctx context.Context, tx pgx.Tx, req Req) (Resp, error), opts ...Option) func(ctx context.Context, key string, req Req) (Resp, error) {
+func Wrap[Req, Resp any](db Beginner, operation string, method func(ctx context.Context, tx pgx.Tx, req Req) (Resp, error), opts ...Option) func(ctx context.Context, key string, req Req) (Resp, Outcome, error) {
 	inner, base := resolve(db)
 	s := base.with(opts, useWrap)
 	switch {
@@ -57,14 +59,13 @@ func Wrap[Req, Resp any](db Beginner, operation string, method func(ctx context.
 		s.fail(inputError(ErrInvalidOption, "request type %v cannot be fingerprinted exactly: %s", reflect.TypeFor[Req](), problem))
 	}
 	s.operation = operation
-	return func(ctx context.Context, key string, req Req) (Resp, error) {
+	return func(ctx context.Context, key string, req Req) (Resp, Outcome, error) {
 		call := s // per call: the request hash's failure is the call's own
 		hash, err := HashJSON(req)
 		if err != nil {
 			call.fail(inputError(ErrInvalidOption, "%v", err))
 		}
-		v, _, err := runSettled[Resp](ctx, inner, &call, key, hash, wrapped[Req, Resp]{method, req})
-		return v, err
+		return runSettled[Resp](ctx, inner, &call, key, hash, wrapped[Req, Resp]{method, req})
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemhq/idem/internal/dbtx"
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
@@ -61,7 +60,7 @@ var (
 
 	// ErrTxOwned is returned by Commit and Rollback of the transaction handed
 	// to fn: Do owns it. To roll back, return an error from fn.
-	ErrTxOwned = dbtx.ErrTxOwned
+	ErrTxOwned = errors.New("idem: the transaction belongs to idem; return from fn (or write the response) instead of committing or rolling back")
 
 	// ErrCorruptRecord means a stored row could not be read back: it does
 	// not decode into the result type (the type changed incompatibly), or a

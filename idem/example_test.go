@@ -178,11 +178,14 @@ func ExampleWrap() {
 
 	acme := idem.ContextWithScope(ctx, "tenant-acme")
 	globex := idem.ContextWithScope(ctx, "tenant-globex")
-	a, _ := create(acme, "order-key-1", OrderRequest{Items: []string{"book"}})
-	b, _ := create(acme, "order-key-1", OrderRequest{Items: []string{"book"}}) // a retry
-	c, _ := create(globex, "order-key-1", OrderRequest{Items: []string{"book"}})
+	a, _, _ := create(acme, "order-key-1", OrderRequest{Items: []string{"book"}})
+	b, outcome, _ := create(acme, "order-key-1", OrderRequest{Items: []string{"book"}}) // a retry
+	c, _, _ := create(globex, "order-key-1", OrderRequest{Items: []string{"book"}})
 	fmt.Println(a.ID, b.ID, c.ID)
-	// Output: 1 1 2
+	fmt.Println("the retry was", outcome)
+	// Output:
+	// 1 1 2
+	// the retry was replayed
 }
 
 // A deployment's settings live in one Config, checked once; the Client is

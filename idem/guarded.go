@@ -6,8 +6,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idemhq/idem/internal/dbtx"
 )
 
 // guardedTx is the transaction handed to fn on the path through Begin (an
@@ -45,7 +43,7 @@ func (g guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 func (g guardedTx) Commit(ctx context.Context) error {
 	switch {
 	case g.owned:
-		return dbtx.ErrTxOwned
+		return ErrTxOwned
 	case g.closed.Load():
 		return pgx.ErrTxClosed
 	}
@@ -57,7 +55,7 @@ func (g guardedTx) Commit(ctx context.Context) error {
 func (g guardedTx) Rollback(ctx context.Context) error {
 	switch {
 	case g.owned:
-		return dbtx.ErrTxOwned
+		return ErrTxOwned
 	case g.closed.Load():
 		return pgx.ErrTxClosed
 	}

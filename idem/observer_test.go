@@ -107,10 +107,15 @@ func TestObserverReportsEveryCallOnce(t *testing.T) {
 	check("refusal without code", idem.OutcomeFailed, false, anyErr)
 
 	charge := idem.Wrap(keys, "charge", func(context.Context, pgx.Tx, int) (int, error) { return 2, nil })
-	_, _ = charge(ctx, "k6", 1)
+	// Wrap returns the outcome its observer is told.
+	if _, outcome, _ := charge(ctx, "k6", 1); outcome != idem.OutcomeExecuted {
+		t.Fatalf("Wrap returned outcome %v, want %v", outcome, idem.OutcomeExecuted)
+	}
 	check("Wrap", idem.OutcomeExecuted, false, nil)
 	broken := idem.Wrap(keys, "", func(context.Context, pgx.Tx, int) (int, error) { return 2, nil })
-	_, _ = broken(ctx, "k6", 1)
+	if _, outcome, _ := broken(ctx, "k6", 1); outcome != idem.OutcomeInvalid {
+		t.Fatalf("Wrap without operation returned outcome %v, want %v", outcome, idem.OutcomeInvalid)
+	}
 	check("Wrap without operation", idem.OutcomeInvalid, false, idem.ErrInvalidOption)
 
 	// In progress, then a waiter that outlasts nothing: Waited is set.

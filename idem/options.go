@@ -26,7 +26,6 @@ const (
 	useDo use = 1 << iota
 	useRun
 	useWrap
-	useSweep
 
 	useCall = useDo | useRun | useWrap // every kind of call
 )
@@ -37,10 +36,8 @@ func (u use) String() string {
 		return "Do"
 	case useRun:
 		return "Run"
-	case useWrap:
-		return "Wrap"
 	default:
-		return "Sweep"
+		return "Wrap"
 	}
 }
 

@@ -42,7 +42,7 @@ type maintainer struct {
 	callerTx bool
 }
 
-func maintainerOf(db Execer) (maintainer, bool) {
+func maintainerOf(db execer) (maintainer, bool) {
 	switch d := db.(type) {
 	case pgx.Tx:
 		return maintainer{db: d, callerTx: true}, true
@@ -105,7 +105,7 @@ type partition struct {
 // Lock waits are bounded by PartitionLockTimeout; a step that times out is
 // skipped until the next Sweep and reported to Config.Logger, not as an
 // error.
-func sweepPartitioned(ctx context.Context, db Execer, m maintainer, s *settings) (int64, error) {
+func sweepPartitioned(ctx context.Context, db execer, m maintainer, s *settings) (int64, error) {
 	var (
 		total int64
 		errs  []error

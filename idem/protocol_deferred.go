@@ -71,7 +71,7 @@ func (p deferredProtocol) queueClaim(b *pgx.Batch, c *call, idle []any, _ bool) 
 	if idle != nil {
 		idleArg = idle[0]
 	}
-	b.Queue(p.stmts.deferred.claim, c.scopeArg, c.keyArg)
+	b.Queue(p.stmts.deferred.claim, c.scopeArg, c.keyArg, c.lockArg)
 	b.Queue(p.stmts.deferred.assert, c.scopeArg, c.keyArg, idleArg)
 }
 

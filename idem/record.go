@@ -110,7 +110,7 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 		if err != nil {
 			return err
 		}
-		return q.QueryRow(ctx, stmts.record, scope, key).
+		return q.QueryRow(ctx, stmts.record, scope, key, lockKey(scope, key)).
 			Scan(&busy, &hash, &status, &response, &refusal, &created, &completed, &expires)
 	})
 	if err != nil {
@@ -167,7 +167,7 @@ func (c *Client) Forget(ctx context.Context, scope, key string) (bool, error) {
 		deleted int64
 	)
 	err := c.query(ctx, func(q querier) error {
-		return q.QueryRow(ctx, c.base.stmts.forget, scope, key).Scan(&free, &deleted)
+		return q.QueryRow(ctx, c.base.stmts.forget, scope, key, lockKey(scope, key)).Scan(&free, &deleted)
 	})
 	if err != nil {
 		return false, tableError(c.base.table, "forget key", err)

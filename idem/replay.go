@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -85,9 +84,9 @@ func open(ctx context.Context, s *settings, scope, key string, rec *record) ([]b
 	case statusCompleted:
 		return data, nil, nil
 	case statusRefused:
-		refusal := new(Refusal)
-		if err := json.Unmarshal(refusalJSON, refusal); err != nil || refusal.Code == "" {
-			return nil, nil, fmt.Errorf("%w: refusal %q", ErrCorruptRecord, refusalJSON)
+		refusal, err := unmarshalRefusal(refusalJSON)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: refusal %q: %w", ErrCorruptRecord, refusalJSON, err)
 		}
 		return data, refusal, nil
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/idemhq/idem/internal/dbtx"
 )
 
-// An Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do.
-type Execer = dbtx.Execer
+// An execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do.
+type execer = dbtx.Execer
 
 // Sweep deletes the Client's expired keys and returns how many it deleted.
 // A key is expired once its TTL has passed since it completed. Sweep deletes
@@ -38,10 +38,10 @@ func (c *Client) Sweep(ctx context.Context) (int64, error) {
 	return sweep(ctx, c.execer(), &c.base)
 }
 
-func sweep(ctx context.Context, db Execer, s *settings) (int64, error) {
+func sweep(ctx context.Context, db execer, s *settings) (int64, error) {
 	m, ok := maintainerOf(db)
 	if !ok {
-		// An Execer that can neither query nor begin: it cannot learn the
+		// An execer that can neither query nor begin: it cannot learn the
 		// layout, so the batches refuse a partitioned table (the plain
 		// statement's ctids would be ambiguous across partitions).
 		if _, err := db.Exec(ctx, plainOnlySQL, s.table); err != nil {
@@ -61,7 +61,7 @@ func sweep(ctx context.Context, db Execer, s *settings) (int64, error) {
 
 // sweepRows runs a batched DELETE (sweep.sql, possibly retargeted at a
 // DEFAULT partition) until a batch comes back short.
-func sweepRows(ctx context.Context, db Execer, sql string, s *settings) (int64, error) {
+func sweepRows(ctx context.Context, db execer, sql string, s *settings) (int64, error) {
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -87,7 +87,7 @@ func (c *Client) SweepEvery(ctx context.Context, interval time.Duration, onError
 	return sweepEvery(ctx, c.execer(), &c.base, interval, onError)
 }
 
-func sweepEvery(ctx context.Context, db Execer, s *settings, interval time.Duration, onError func(error)) error {
+func sweepEvery(ctx context.Context, db execer, s *settings, interval time.Duration, onError func(error)) error {
 	if interval <= 0 {
 		return inputError(ErrInvalidOption, "SweepEvery interval %v: must be positive", interval)
 	}
@@ -118,10 +118,10 @@ func sweepEvery(ctx context.Context, db Execer, s *settings, interval time.Durat
 	}
 }
 
-// execer is the Client's database as an Execer: itself when it is one
+// execer is the Client's database as an execer: itself when it is one
 // (pools, connections, transactions), else a transaction per statement.
-func (c *Client) execer() Execer {
-	if e, ok := c.db.(Execer); ok {
+func (c *Client) execer() execer {
+	if e, ok := c.db.(execer); ok {
 		return e
 	}
 	return txExecer{c.db}

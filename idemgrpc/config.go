@@ -27,11 +27,11 @@ const MetadataReplayed = "idempotent-replayed"
 
 // DefaultMaxResponseBytes is the largest stored reply when
 // Config.MaxResponseBytes is not set: 1 MiB.
-const DefaultMaxResponseBytes = 1 << 20
+const DefaultMaxResponseBytes = unary.DefaultMaxResponseBytes
 
 // DefaultRetryDelay is the delay of the RetryInfo detail when
 // Config.RetryDelay is not set: 1s.
-const DefaultRetryDelay = time.Second
+const DefaultRetryDelay = unary.DefaultRetryDelay
 
 // The reasons of the google.rpc.ErrorInfo detail that every answer of the
 // interceptor's own carries (see NewUnaryServerInterceptor for the codes).
@@ -109,17 +109,27 @@ type Config struct {
 	Methods map[string]Method
 
 	// Scope names the key's scope for a call: the authenticated principal
-	// or tenant. The same key in two scopes is two unrelated keys. Defaults
-	// to the scope in the call's context (idem.ContextWithScope), which an
-	// authentication interceptor that runs before this one sets; without
-	// either, every client shares one namespace.
+	// or tenant. The same key in two scopes is two unrelated keys.
+	// Required unless SharedKeys is set: the constructor refuses a Config
+	// with neither. ContextScope reads the scope that an authentication
+	// interceptor that runs before this one put in the context (idem.ContextWithScope).
 	//
-	// Set one whenever more than one client can reach the service: keys are
-	// chosen by clients and may leak or be guessed, so the scope, not the
-	// key's randomness, keeps one caller from receiving another's stored
-	// response. An error from Scope is answered UNAUTHENTICATED
+	// Keys are chosen by clients and may leak or be guessed, so the scope,
+	// not the key's randomness, keeps one caller from receiving another's
+	// stored response. An error from Scope, or an empty scope, means the
+	// call has no principal: it is answered UNAUTHENTICATED
 	// (ReasonUnauthenticated) and the handler does not run.
 	Scope func(ctx context.Context) (string, error)
+
+	// SharedKeys, set, makes every client share one key space: a keyed
+	// call is scoped by the scope in its context if an interceptor put one
+	// there (idem.ContextWithScope), and by the empty scope otherwise. Any
+	// client that sends another client's key with the same request then
+	// receives that client's stored answer. Set it only where a single
+	// client (one internal caller, say) can reach the service. It is an
+	// error together with Scope. Defaults to false: a Scope function is
+	// required.
+	SharedKeys bool
 
 	// Fingerprint replaces the function that fingerprints a request: the
 	// same key with another fingerprint is answered FAILED_PRECONDITION
@@ -213,6 +223,7 @@ func (cfg *Config) unary() unary.Config {
 		Package:          "idemgrpc",
 		Methods:          make(map[string]unary.MethodConfig, len(cfg.Methods)),
 		Scope:            cfg.Scope,
+		SharedKeys:       cfg.SharedKeys,
 		Fingerprint:      cfg.Fingerprint,
 		MaxResponseBytes: cfg.MaxResponseBytes,
 		RetryDelay:       cfg.RetryDelay,

@@ -15,3 +15,11 @@ import (
 //
 // Tx also finds the transaction of a call served by idemconnect.
 func Tx(ctx context.Context) pgx.Tx { return unary.Tx(ctx) }
+
+// ContextScope is a Config.Scope function that returns the scope an
+// authentication interceptor running before this one put in the call's
+// context with idem.ContextWithScope. A call whose context carries none (a
+// method the authentication interceptor skips, say) has no principal: it is
+// answered UNAUTHENTICATED (ReasonUnauthenticated) and the handler does not
+// run.
+func ContextScope(ctx context.Context) (string, error) { return unary.ContextScope(ctx) }

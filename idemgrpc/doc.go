@@ -6,13 +6,19 @@
 // ABORTED while the first call still runs.
 //
 // The key comes from the idempotency-key metadata or, per method, from a
-// request field such as AIP-155's request_id. Calls are scoped per
-// authenticated caller (idem.ContextWithScope, or Config.Scope).
+// request field such as AIP-155's request_id. Keys are scoped by the
+// authenticated caller, so one caller's key never replays another's answer:
+// the interceptor requires Config.Scope (ContextScope reads the scope an
+// authentication interceptor put in the context with
+// idem.ContextWithScope), and refuses a keyed call without a principal.
+// Only Config.SharedKeys, an explicit opt-in, puts every client in one key
+// space.
 //
 //	intercept, err := idemgrpc.NewUnaryServerInterceptor(keys, &idemgrpc.Config{
 //		Methods: map[string]idemgrpc.Method{
 //			chargev1.ChargeService_Charge_FullMethodName: {KeyField: "request_id"},
 //		},
+//		Scope: idemgrpc.ContextScope, // set by auth
 //	})
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, intercept))
 //

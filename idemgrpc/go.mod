@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/google/go-cmp v0.7.0
-	github.com/idemhq/idem v0.0.0-00010101000000-000000000000
+	github.com/idemhq/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c

@@ -16,8 +16,9 @@ import (
 
 // NewUnaryServerInterceptor returns the interceptor on db (an *idem.Client,
 // whose Config the keys use, or a pool) with cfg. It checks cfg once; an
-// invalid setting, an unknown or streaming method, or a KeyField that is
-// not a string field is an error wrapping idem.ErrInvalidOption.
+// invalid setting, an unknown or streaming method, a KeyField that is not
+// a string field, a nil db (typed nil included) and a cfg without Scope or
+// SharedKeys are errors wrapping idem.ErrInvalidOption.
 //
 // On a covered method with a key, the interceptor fingerprints the request
 // and runs the handler inside idem.Run: the handler finds the transaction
@@ -43,7 +44,7 @@ import (
 //	the first call with the key still runs  ABORTED + RetryInfo  ReasonInProgress
 //	connection lost during COMMIT           UNAVAILABLE + RetryInfo  ReasonOutcomeUnknown
 //	database unavailable, nothing stored    UNAVAILABLE + RetryInfo  ReasonUnavailable
-//	Config.Scope failed                     UNAUTHENTICATED      ReasonUnauthenticated
+//	no principal (Config.Scope failed)      UNAUTHENTICATED      ReasonUnauthenticated
 //	answer over MaxResponseBytes            INTERNAL             ReasonResponseTooLarge
 //
 // ABORTED is gRPC's code for a concurrency conflict, the counterpart of

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -34,10 +35,18 @@ func newConfigured(t *testing.T, cfg *idemhttp.Config, configure ...func(mux *ht
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /charges", a.create)
+	mux.HandleFunc("GET /charges", func(w http.ResponseWriter, r *http.Request) {
+		var n int
+		if err := a.pool.QueryRow(r.Context(), "select count(*) from charges").Scan(&n); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintf(w, "charges=%d tx=%t", n, idemhttp.Tx(r.Context()) != nil)
+	})
 	for _, f := range configure {
 		f(mux, a)
 	}
-	mw, err := idemhttp.NewMiddleware(a.pool, cfg)
+	mw, err := idemhttp.NewMiddleware(a.pool, shared(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +268,7 @@ func TestFailuresReachTheOperator(t *testing.T) {
 	broken := &lossyCommit{pool: pool, commit: true}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /x", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
-	mw, err := idemhttp.NewMiddleware(broken, &idemhttp.Config{
+	mw, err := idemhttp.NewMiddleware(broken, &idemhttp.Config{SharedKeys: true,
 		Logger: slog.New(logs),
 		OnError: func(r *http.Request, p idemhttp.Problem, err error) {
 			mu.Lock()
@@ -301,7 +310,7 @@ func TestKeylessOutcomeUnknown(t *testing.T) {
 	pool := testdb.New(t)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /x", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
-	mw, err := idemhttp.NewMiddleware(&lossyCommit{pool: pool, commit: true}, &idemhttp.Config{OnError: func(*http.Request, idemhttp.Problem, error) {}})
+	mw, err := idemhttp.NewMiddleware(&lossyCommit{pool: pool, commit: true}, &idemhttp.Config{SharedKeys: true, OnError: func(*http.Request, idemhttp.Problem, error) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +371,7 @@ func TestConnectionReleasedBeforeWriting(t *testing.T) {
 				}
 				a.create(w, r)
 			})
-			mw, err := idemhttp.NewMiddleware(a.pool, nil)
+			mw, err := idemhttp.NewMiddleware(a.pool, shared(nil))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -481,7 +490,7 @@ func TestConfigChecked(t *testing.T) {
 		"read-only transactions":    {TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}},
 		"a method with white space": {Methods: []string{"PO ST"}},
 	} {
-		if _, err := idemhttp.NewMiddleware(pool, cfg); !errors.Is(err, idem.ErrInvalidOption) {
+		if _, err := idemhttp.NewMiddleware(pool, shared(cfg)); !errors.Is(err, idem.ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
 		}
 	}
@@ -493,7 +502,7 @@ func TestConfigChecked(t *testing.T) {
 	mux.HandleFunc("POST /iso", func(w http.ResponseWriter, r *http.Request) {
 		_ = idemhttp.Tx(r.Context()).QueryRow(r.Context(), "show transaction_isolation").Scan(&iso)
 	})
-	mw, err := idemhttp.NewMiddleware(pool, &idemhttp.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}})
+	mw, err := idemhttp.NewMiddleware(pool, &idemhttp.Config{SharedKeys: true, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ type capture struct {
 	body     bytes.Buffer
 	limit    int64
 	overflow bool // the handler wrote more than limit bytes
+	replaced int  // the status a later, worse status replaced; 0 if none
 }
 
 func newCapture(limit int64) *capture { return &capture{header: make(http.Header), limit: limit} }
@@ -31,16 +32,62 @@ func (c *capture) Header() http.Header { return c.header }
 // WriteHeader records the status of the first call with a final status.
 // Informational (1xx) statuses are dropped: nothing reaches the client
 // before the transaction ends.
+//
+// A later call is dropped, as net/http drops it, unless its status is of a
+// worse class (4xx after 2xx or 3xx, 5xx after anything below 500): the
+// handler failed after it began to answer, as http.Error after a partial
+// body does. net/http would send the first status with the error text
+// appended, and the middleware would store a success whose writes must not
+// commit. Nothing has reached the client yet, so the later status replaces
+// the response: what was written before it is discarded.
 func (c *capture) WriteHeader(status int) {
 	if status < 100 || status > 999 {
 		// The same contract as net/http's own writers.
 		panic(fmt.Sprintf("invalid WriteHeader code %v", status))
 	}
-	if c.status != 0 || status < 200 {
+	if status < 200 {
 		return
+	}
+	if c.status != 0 {
+		if class(status) <= class(c.status) {
+			return
+		}
+		if c.replaced == 0 {
+			c.replaced = c.status
+		}
+		c.body.Reset()
+		// The headers that described the discarded response, or named
+		// what it created, and that the handler has not set again since,
+		// belong to that response: a Location naming a row that rolls
+		// back must not reach the client, nor be stored with a refusal.
+		for _, name := range describing {
+			if v, ok := c.sent[name]; ok && slices.Equal(v, c.header[name]) {
+				delete(c.header, name)
+			}
+		}
 	}
 	c.status = status
 	c.sent = c.header.Clone()
+}
+
+// describing are the headers that describe a response's representation or
+// name the resource it created: those of a discarded response are dropped
+// with it.
+var describing = []string{
+	"Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition", "Content-Length",
+	"Content-Location", "Location", "Etag", "Last-Modified",
+}
+
+// class orders statuses for WriteHeader: success and redirection, client
+// error, server error.
+func class(status int) int {
+	switch {
+	case status >= 500:
+		return 2
+	case status >= 400:
+		return 1
+	}
+	return 0
 }
 
 // errResponseTooLarge is what Write returns, and the call fails with, once

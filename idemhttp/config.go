@@ -1,9 +1,11 @@
 package idemhttp
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -48,35 +50,58 @@ var defaultReplayHeaders = []string{
 // idem.Client the middleware is given.
 type Config struct {
 	// Methods are the methods the middleware covers; requests with other
-	// methods pass through untouched and Tx returns nil for them. Defaults
-	// to POST and PATCH: PUT and DELETE are idempotent by definition, and GET
-	// changes nothing.
+	// methods pass through untouched and Tx returns nil for them. Methods
+	// are case-sensitive, so each must be an upper-case token: "post",
+	// which no client sends for POST, is refused. Defaults to POST and
+	// PATCH: PUT and DELETE are idempotent by definition, and GET changes
+	// nothing.
 	Methods []string
 
-	// Required makes the Idempotency-Key header mandatory on covered
-	// methods: a request without it is answered 400 (ProblemMissingKey) and
-	// the handler does not run. Defaults to false: a request without a key
+	// Required makes the key (the Idempotency-Key header, or what Key
+	// reads) mandatory on covered methods: a request without one is
+	// answered 400 (ProblemMissingKey) and the handler does not run. Defaults to false: a request without a key
 	// runs in a plain transaction.
 	Required bool
 
 	// Scope names the key's scope for a request: the authenticated
-	// principal or tenant. The same key in two scopes is two unrelated
-	// keys. Defaults to the scope in the request's context
-	// (idem.ContextWithScope), which an authentication middleware in front
-	// sets; without either, every client shares one namespace.
+	// principal or tenant, or for a webhook receiver the sender. The same
+	// key in two scopes is two unrelated keys. Required unless SharedKeys
+	// is set: NewMiddleware refuses a Config with neither. ContextScope
+	// reads the scope that an authentication middleware in front put in
+	// the request's context (idem.ContextWithScope).
 	//
-	// Set one whenever more than one client can reach the handler. Without
-	// a scope, a key is global: if user B sends a key that user A already
-	// used for the same request, B receives A's stored response. Keys are
-	// chosen by clients and may leak or be guessed, so the scope, not the
-	// key's randomness, is what keeps users apart.
+	// Keys are chosen by clients and may leak or be guessed, so the scope,
+	// not the key's randomness, is what keeps one client from receiving
+	// another's stored response.
 	//
-	// Scope runs after the key is parsed and before the body is read; it
-	// must not read the body. An error from it is answered 401
-	// (ProblemUnauthorized); a scope that idem.ValidateScope refuses (over
-	// 255 bytes, say) is bad input, answered 400 (ProblemInvalidRequest).
-	// The handler does not run in either case.
+	// Scope runs after the key is read and before the handler; it must not
+	// read the body. An error from it, or an empty scope, means the request
+	// has no principal: it is answered 401 (ProblemUnauthorized). A scope
+	// that idem.ValidateScope refuses (over 255 bytes, say) is bad input,
+	// answered 400 (ProblemInvalidRequest). The handler does not run in
+	// any of these cases.
 	Scope func(*http.Request) (string, error)
+
+	// SharedKeys, set, makes every client share one key space: a keyed
+	// request is scoped by the scope in its context if an authentication
+	// middleware in front put one there (idem.ContextWithScope), and by the
+	// empty scope otherwise. Any client that sends another client's key
+	// with the same request then receives that client's stored response.
+	// Set it only where a single client (one internal caller, say) can
+	// reach the handler. It is an error together with Scope. Defaults to
+	// false: a Scope function is required.
+	SharedKeys bool
+
+	// Key reads the request's idempotency key from where its sender puts
+	// it: a provider's delivery id header (KeyHeader("X-GitHub-Delivery")),
+	// or an event id in the body, which the middleware has already read
+	// (body is the whole body, within MaxBodyBytes). It returns "" for a
+	// request without a key, which then runs as one without an
+	// Idempotency-Key (or is answered 400 ProblemMissingKey when Required
+	// is set). A key must pass idem.ValidateKey; one that does not, or an
+	// error, is answered 400 (ProblemInvalidKey) with the error's text as
+	// the detail. Defaults to ParseKey of the Idempotency-Key header.
+	Key func(r *http.Request, body []byte) (string, error)
 
 	// Challenge is the WWW-Authenticate challenge sent with the 401 answered
 	// when Scope fails, as RFC 9110 requires of every 401: the scheme (and
@@ -123,7 +148,9 @@ type Config struct {
 	// with the response (a refusal every retry receives again). A status
 	// that is not stored rolls everything back and frees the key, so a retry
 	// runs the handler again; so does any response for which the handler
-	// called NoStore. Defaults to DefaultStoreStatus.
+	// called NoStore. It must store every status below 400, which
+	// NewMiddleware checks: a success that is not stored would reach the
+	// client while its writes roll back. Defaults to DefaultStoreStatus.
 	StoreStatus func(status int) bool
 
 	// RetryAfter is sent with 409 (key in progress) and 503 (outcome
@@ -163,8 +190,10 @@ type Config struct {
 
 	// Logger receives every 5xx answer of the middleware's own (503 outcome
 	// unknown or database unavailable, 500 internal errors) with its cause,
-	// which the client never sees. Defaults to slog.Default() unless OnError
-	// is set.
+	// which the client never sees, and a warning for each handler response
+	// the middleware corrected (a status written after the response began,
+	// NoStore on a success; see NewMiddleware). Defaults to slog.Default()
+	// unless OnError is set.
 	Logger *slog.Logger
 
 	// OnError, if set, is called with every 5xx answer of the middleware's
@@ -181,18 +210,17 @@ type Middleware struct {
 	replaySet map[string]bool
 	log       *slog.Logger
 	idemOpts  []idem.Option
-	// legacy: built by the deprecated New, whose options may carry an
-	// idem.WithScope that the Scope function has always overridden.
-	legacy   bool
-	observer idem.Observer // what idemOpts and db resolve to, found once
+	observer  idem.Observer // what idemOpts and db resolve to, found once
 }
 
 // NewMiddleware returns the middleware on db (an *idem.Client, whose Config
-// the keys use, or a pool) with cfg (nil means the defaults). It checks cfg
-// once; an invalid setting is an error wrapping idem.ErrInvalidOption.
+// the keys use, or a pool) with cfg. It checks cfg once; an invalid
+// setting, a nil db (typed nil included) and a cfg without Scope or
+// SharedKeys (nil included) are errors wrapping idem.ErrInvalidOption.
 //
-// On a covered method with an Idempotency-Key header, the middleware reads
-// the body (up to MaxBodyBytes), fingerprints the request and runs the
+// On a covered method with a key (the Idempotency-Key header, or what
+// Config.Key reads), the middleware reads the body (up to MaxBodyBytes),
+// scopes the key (Config.Scope), fingerprints the request and runs the
 // handler inside idem.Run: the handler finds the transaction with
 // Tx(r.Context()) and the key with idem.KeyFromContext, and does its
 // database writes through the transaction. The response is held until the
@@ -208,6 +236,24 @@ type Middleware struct {
 //     everything rolls back and the key stays free, so a retry runs the
 //     handler again. The client receives the handler's response.
 //
+// The client never receives a 2xx or 3xx for writes that rolled back. Two
+// handler mistakes would otherwise send one, and the middleware corrects
+// both, logging each at warning level:
+//
+//   - A status written after the response began (WriteHeader after Write or
+//     WriteHeader, as http.Error does after a partial body) is dropped by
+//     net/http. Here, a later status of a worse class replaces the response:
+//     a 4xx after a 2xx or 3xx, a 5xx after anything below 500. What was
+//     written before it is discarded, with the headers that described it
+//     (Content-Type, -Encoding, -Language, -Disposition, -Length and
+//     -Location, Location, ETag, Last-Modified) unless the handler set
+//     them again, and the later status and what follows it are the
+//     response, decided as above: a late 5xx rolls back, stores nothing,
+//     and reaches the client. A later status of the same or a better class
+//     is dropped, as net/http drops it.
+//   - NoStore after a 2xx or 3xx: the writes roll back, and the client
+//     receives 500 (ProblemInternal) instead of the success.
+//
 // A retry while the first request runs is answered 409, a retry with
 // another request under the same key 422, and a commit whose outcome is
 // unknown 503; the Problem* constants list every answer of the middleware's
@@ -215,8 +261,8 @@ type Middleware struct {
 //
 // On a covered method without a key (and Required unset), the handler runs
 // in a plain transaction, also available through Tx, that commits when the
-// status is below 400 and rolls back otherwise. Requests with other methods
-// pass through untouched.
+// status is below 400 and rolls back otherwise (with the same two
+// corrections). Requests with other methods pass through untouched.
 //
 // On every path the transaction ends, and its connection returns to the
 // pool, before the first byte of the response is written: a client that
@@ -237,40 +283,60 @@ type Middleware struct {
 // streams (the writer supports neither flushing nor hijacking).
 // Informational (1xx) responses are dropped.
 func NewMiddleware(db idem.Beginner, cfg *Config) (*Middleware, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%w: idemhttp.NewMiddleware: nil database", idem.ErrInvalidOption)
-	}
-	if cfg == nil {
-		cfg = &Config{}
-	}
-	return newMiddleware(db, *cfg, nil)
-}
-
-func newMiddleware(db idem.Beginner, cfg Config, legacy []idem.Option) (*Middleware, error) {
 	bad := func(format string, args ...any) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: idemhttp: %s", idem.ErrInvalidOption, fmt.Sprintf(format, args...))
 	}
+	if isNil(db) {
+		return bad("nil database")
+	}
+	if cfg == nil {
+		return bad("nil Config: set Config.Scope (or Config.SharedKeys)")
+	}
+	c := *cfg
 	switch {
-	case cfg.MaxBodyBytes < 0:
-		return bad("MaxBodyBytes %d is negative", cfg.MaxBodyBytes)
-	case cfg.MaxResponseBytes < 0:
-		return bad("MaxResponseBytes %d is negative", cfg.MaxResponseBytes)
-	case cfg.RetryAfter < 0:
-		return bad("RetryAfter %v is negative", cfg.RetryAfter)
-	case cfg.Wait < 0:
-		return bad("Wait %v is negative", cfg.Wait)
-	case cfg.Fingerprint != nil && len(cfg.FingerprintHeaders) > 0:
+	case c.Scope == nil && !c.SharedKeys:
+		return bad("Config.Scope is not set: scope keys by the authenticated principal " +
+			"(ContextScope reads the one an authentication middleware put in the context), " +
+			"or set Config.SharedKeys if every client may share one key space")
+	case c.Scope != nil && c.SharedKeys:
+		return bad("SharedKeys has no effect with a Scope function")
+	case c.MaxBodyBytes < 0:
+		return bad("MaxBodyBytes %d is negative", c.MaxBodyBytes)
+	case c.MaxResponseBytes < 0:
+		return bad("MaxResponseBytes %d is negative", c.MaxResponseBytes)
+	case c.RetryAfter < 0:
+		return bad("RetryAfter %v is negative", c.RetryAfter)
+	case c.Wait < 0:
+		return bad("Wait %v is negative", c.Wait)
+	case c.Fingerprint != nil && len(c.FingerprintHeaders) > 0:
 		return bad("FingerprintHeaders has no effect with a Fingerprint function")
+	}
+	return newMiddleware(db, c)
+}
+
+func newMiddleware(db idem.Beginner, cfg Config) (*Middleware, error) {
+	bad := func(format string, args ...any) (*Middleware, error) {
+		return nil, fmt.Errorf("%w: idemhttp: %s", idem.ErrInvalidOption, fmt.Sprintf(format, args...))
 	}
 	m := &Middleware{db: db, methods: map[string]bool{}, replaySet: map[string]bool{}}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	for _, method := range cfg.Methods {
-		if method == "" || strings.ContainsAny(method, " \t\r\n") {
-			return bad("invalid method %q", method)
+		if err := checkMethod(method); err != nil {
+			return bad("%v", err)
 		}
 		m.methods[method] = true
+	}
+	if cfg.StoreStatus != nil {
+		// A success that is not stored would reach the client while its
+		// writes roll back.
+		for status := 200; status < 400; status++ {
+			if !cfg.StoreStatus(status) {
+				return bad("StoreStatus(%d) is false: every 2xx and 3xx must be stored, "+
+					"or a success would reach the client while its writes roll back (use NoStore for one response)", status)
+			}
+		}
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -314,8 +380,6 @@ func newMiddleware(db idem.Beginner, cfg Config, legacy []idem.Option) (*Middlew
 	if cfg.TxOptions != (pgx.TxOptions{}) {
 		m.idemOpts = append(m.idemOpts, idem.WithTxOptions(cfg.TxOptions))
 	}
-	m.idemOpts = append(m.idemOpts, legacy...)
-	m.legacy = len(legacy) > 0
 	if cfg.Observer != nil {
 		m.idemOpts = append(m.idemOpts, idem.WithObserver(cfg.Observer))
 	}
@@ -327,6 +391,47 @@ func newMiddleware(db idem.Beginner, cfg Config, legacy []idem.Option) (*Middlew
 	m.observer = idem.ObserverOf(db, m.idemOpts...)
 	m.cfg = cfg
 	return m, nil
+}
+
+// checkMethod refuses a method that no request can have. HTTP methods are
+// case-sensitive (RFC 9110, section 9.1): "post" is not POST, so a Config
+// listing it would cover nothing.
+func checkMethod(method string) error {
+	if method == "" {
+		return errors.New("an empty method")
+	}
+	for i := 0; i < len(method); i++ {
+		if !isTokenChar(method[i]) {
+			return fmt.Errorf("method %q holds %q, which no method holds", method, method[i])
+		}
+	}
+	if up := strings.ToUpper(method); up != method {
+		return fmt.Errorf("method %q is not upper case: methods are case-sensitive, and %q would cover nothing; write %q", method, method, up)
+	}
+	return nil
+}
+
+// isTokenChar reports whether c may appear in an RFC 9110 token.
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// isNil reports whether db is nil or a nil pointer (a *pgxpool.Pool that
+// was never set, say), on which every request would fail or panic.
+func isNil(db idem.Beginner) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }
 
 // Handler returns next wrapped in the middleware.

@@ -14,7 +14,7 @@
 //	keys, err := idem.NewClient(pool, nil) // the deployment's idem.Config
 //	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{
 //		Required: true,
-//		Scope:    func(r *http.Request) (string, error) { return userID(r) },
+//		Scope:    func(r *http.Request) (string, error) { return userID(r) }, // the authenticated user
 //	})
 //	mux := http.NewServeMux()
 //	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) {
@@ -32,10 +32,17 @@
 //
 // The header is read both as the IETF draft's quoted string
 // ("8e03978e-40d5-43e8-bc93-6894a57f9324") and as the bare token Stripe
-// clients send. Scope keys by the authenticated principal (Config.Scope, or
-// idem.ContextWithScope in the authentication middleware in front) whenever
-// more than one user can reach the handler: one user's key can then never
-// replay another user's response. The middleware's own answers are RFC 9457
-// problem documents whose types are the Problem* constants, or whatever
-// Config.WriteProblem renders.
+// clients send; a webhook receiver takes the key from where its sender puts
+// it instead (Config.Key: a delivery id header with KeyHeader, or an event
+// id in the body).
+//
+// Keys are scoped by the authenticated principal, so one client's key can
+// never replay another client's response: NewMiddleware requires
+// Config.Scope (ContextScope reads the scope an authentication middleware
+// in front put in the context with idem.ContextWithScope), and a keyed
+// request without a principal is refused. Only Config.SharedKeys, an
+// explicit opt-in, puts every client in one key space.
+//
+// The middleware's own answers are RFC 9457 problem documents whose types
+// are the Problem* constants, or whatever Config.WriteProblem renders.
 package idemhttp

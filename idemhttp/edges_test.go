@@ -1,7 +1,7 @@
 package idemhttp_test
 
-// Edges of the middleware: the handler's context, observers on panics,
-// deprecated option combinations and the Client's result limit.
+// Edges of the middleware: the handler's context, observers on panics and
+// the Client's result limit.
 
 import (
 	"bytes"
@@ -84,22 +84,6 @@ func TestObserverEndsOnHandlerPanic(t *testing.T) {
 	}
 }
 
-// Deprecated path: idemhttp.New with WithScope(principal) and
-// WithIdemOptions(idem.WithScope(namespace)): the principal's scope wins, as
-// it always did.
-func TestDeprecatedScopeCombination(t *testing.T) {
-	t.Parallel()
-	defer func() {
-		_ = recover() // refusing the configuration at New would be fine
-	}()
-	a := newApp(t,
-		idemhttp.WithScope(func(r *http.Request) (string, error) { return "user-1", nil }),
-		idemhttp.WithIdemOptions(idem.WithScope("billing")))
-	if w := a.post("k", 5); w.Code != http.StatusCreated {
-		t.Fatalf("deprecated New(WithScope(f), WithIdemOptions(idem.WithScope(s))): every keyed request is %d %s", w.Code, w.Body.String())
-	}
-}
-
 // A response within Config.MaxResponseBytes but over the Client's
 // Config.MaxResultBytes is answered 500 response-too-large, like one over
 // MaxResponseBytes.
@@ -110,7 +94,7 @@ func TestResultLimitOfTheClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{Logger: discardLogger()})
+	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{SharedKeys: true, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,3 +110,27 @@ func TestResultLimitOfTheClient(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// A stored refusal whose body holds U+0000 is stored and replayed byte for
+// byte: the middleware keeps the body as bytes and the refusal's message is
+// the status text, so no client input can turn it into a 5xx.
+func TestRefusalWithNULReplays(t *testing.T) {
+	t.Parallel()
+	const text = "no account named \x00\x00 here"
+	a := newConfigured(t, nil, func(mux *http.ServeMux, a *app) {
+		mux.HandleFunc("POST /nul", func(w http.ResponseWriter, r *http.Request) {
+			a.runs.Add(1)
+			http.Error(w, text, http.StatusNotFound)
+		})
+	})
+	for i := range 2 {
+		w := a.send(http.MethodPost, "/nul", "k", []byte("{}"))
+		if w.Code != http.StatusNotFound || w.Body.String() != text+"\n" {
+			t.Fatalf("answer %d: %d %q, want the stored 404", i, w.Code, w.Body.String())
+		}
+		wantReplayed(t, w, i == 1)
+	}
+	if runs := a.runs.Load(); runs != 1 {
+		t.Fatalf("%d runs, want 1", runs)
+	}
+}

@@ -13,7 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
+	"github.com/idemhq/idem/internal/faultproxy"
 	"github.com/idemhq/idem/internal/testdb"
 )
 
@@ -47,26 +49,34 @@ type charge struct {
 }
 
 // newApp returns the app on a fresh database, under the middleware built
-// with opts. Options that close over the app can be passed through setup.
-func newApp(t *testing.T, opts ...idemhttp.Option) *app {
+// with cfg (nil: the defaults), with keys shared by every client unless cfg
+// sets a Scope.
+func newApp(t *testing.T, cfg *idemhttp.Config) *app {
 	t.Helper()
-	a := &app{pool: testdb.New(t)}
-	if _, err := a.pool.Exec(context.Background(), `create table charges (
-		id bigserial primary key, amount int not null, owner text not null default '')`); err != nil {
+	return newConfigured(t, shared(cfg))
+}
+
+// shared returns cfg, or the defaults for nil, with SharedKeys set unless
+// cfg has a Scope: for tests about something other than scopes.
+func shared(cfg *idemhttp.Config) *idemhttp.Config {
+	c := idemhttp.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Scope == nil {
+		c.SharedKeys = true
+	}
+	return &c
+}
+
+// handle returns h under the middleware on db built with cfg (see shared).
+func handle(t *testing.T, db idem.Beginner, cfg *idemhttp.Config, h http.Handler) http.Handler {
+	t.Helper()
+	mw, err := idemhttp.NewMiddleware(db, shared(cfg))
+	if err != nil {
 		t.Fatal(err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /charges", a.create)
-	mux.HandleFunc("GET /charges", func(w http.ResponseWriter, r *http.Request) {
-		var n int
-		if err := a.pool.QueryRow(r.Context(), "select count(*) from charges").Scan(&n); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		fmt.Fprintf(w, "charges=%d tx=%t", n, idemhttp.Tx(r.Context()) != nil)
-	})
-	a.handler = idemhttp.New(a.pool, opts...)(mux)
-	return a
+	return mw.Handler(h)
 }
 
 func (a *app) create(w http.ResponseWriter, r *http.Request) {
@@ -186,4 +196,26 @@ func wantReplayed(t *testing.T, w *httptest.ResponseRecorder, replayed bool) {
 	if (got == "true") != replayed || (!replayed && got != "") {
 		t.Fatalf("%s: %q, want replayed=%t", idemhttp.HeaderReplayed, got, replayed)
 	}
+}
+
+// proxiedPool returns a pool on a new database through a fault proxy, and
+// the proxy.
+func proxiedPool(t *testing.T) (*pgxpool.Pool, *faultproxy.Proxy) {
+	t.Helper()
+	u := testdb.URL(t)
+	hp, err := testdb.HostPort(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(hp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	pool, err := pgxpool.New(context.Background(), testdb.WithHostPort(u, proxy.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, proxy
 }

@@ -88,3 +88,23 @@ func parseString(v string) (string, error) {
 	}
 	return "", fmt.Errorf("%w: unterminated quoted string", idem.ErrInvalidKey)
 }
+
+// KeyHeader returns a Config.Key function that takes the key from the
+// request header name as it is sent, without the quoted form ParseKey
+// accepts: the delivery id a webhook provider sends with every delivery
+// and its redeliveries, such as GitHub's X-GitHub-Delivery. A request
+// without the header has no key. The header more than once, or a value
+// that idem.ValidateKey refuses, is answered 400 (ProblemInvalidKey).
+func KeyHeader(name string) func(r *http.Request, body []byte) (string, error) {
+	name = http.CanonicalHeaderKey(name)
+	return func(r *http.Request, _ []byte) (string, error) {
+		switch values := r.Header.Values(name); len(values) {
+		case 0:
+			return "", nil
+		case 1:
+			return strings.Trim(values[0], " \t"), nil
+		default:
+			return "", fmt.Errorf("%w: %d %s header lines", idem.ErrInvalidKey, len(values), name)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -11,8 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
@@ -105,7 +102,7 @@ func logRequest(h http.Handler, key string) *httptest.ResponseRecorder {
 
 func logMiddleware(t *testing.T, db idem.Beginner, cfg *idemhttp.Config, next http.HandlerFunc) http.Handler {
 	t.Helper()
-	mw, err := idemhttp.NewMiddleware(db, cfg)
+	mw, err := idemhttp.NewMiddleware(db, shared(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,21 +125,7 @@ func TestServerErrorsAreLogged(t *testing.T) {
 
 	t.Run("outcome unknown", func(t *testing.T) {
 		t.Parallel()
-		u := testdb.URL(t)
-		hp, err := testdb.HostPort(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy, err := faultproxy.Start(hp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { proxy.Close() })
-		pool, err := pgxpool.New(context.Background(), testdb.WithHostPort(u, proxy.Addr()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
+		pool, proxy := proxiedPool(t)
 		// COMMIT is carried out; its answer never comes back.
 		proxy.SetRule(faultproxy.Once(faultproxy.ServerTag("COMMIT"), faultproxy.CutBefore))
 		var b logBook

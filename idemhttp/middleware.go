@@ -15,30 +15,6 @@ import (
 	"github.com/idemhq/idem/idem"
 )
 
-// New returns the middleware on db with the given options: NewMiddleware
-// with the Config the options describe.
-//
-// New panics if db is nil or an option is invalid (see idem.ErrInvalidOption,
-// idem.ErrInvalidTable): a misconfigured middleware is found at start-up.
-//
-// Deprecated: use NewMiddleware with a Config, which returns the error.
-func New(db idem.Beginner, opts ...Option) func(http.Handler) http.Handler {
-	if db == nil {
-		panic("idemhttp.New: nil database")
-	}
-	var o options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
-	m, err := newMiddleware(db, o.cfg, o.idemOpts)
-	if err != nil {
-		panic("idemhttp.New: " + err.Error())
-	}
-	return m.Handler
-}
-
 type txKey struct{}
 
 // Tx returns the request's transaction for handlers running under the
@@ -54,9 +30,11 @@ func Tx(ctx context.Context) pgx.Tx {
 // NoStore marks the response to the request whose context is ctx as not to
 // be stored, whatever its status: the transaction rolls back, the key stays
 // free, and a retry with the same key runs the handler again. Use it for an
-// answer that must not outlive this attempt (a validation failure written
-// with a status that DefaultStoreStatus would store, say). It reports
-// whether ctx belongs to a request under the middleware.
+// answer that must not outlive this attempt (a refusal written with a
+// status that DefaultStoreStatus would store, say). A success (2xx or 3xx)
+// marked so is not sent: its writes rolled back, so the client receives 500
+// (ProblemInternal) and the logger a warning. It reports whether ctx
+// belongs to a request under the middleware.
 func NoStore(ctx context.Context) bool {
 	st, _ := ctx.Value(txKey{}).(*requestState)
 	if st == nil {
@@ -87,51 +65,30 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	key, err := ParseKey(r.Header)
-	if err != nil {
-		h.refuse(w, r, ProblemInvalidKey, err.Error())
+	key, body, ok := h.readKey(w, r)
+	if !ok {
 		return
 	}
 	if key == "" {
 		if m.cfg.Required {
-			h.refuse(w, r, ProblemMissingKey, "this request needs an "+HeaderKey+" header")
+			detail := "this request needs an " + HeaderKey + " header"
+			if m.cfg.Key != nil {
+				detail = "this request needs an idempotency key"
+			}
+			h.refuse(w, r, ProblemMissingKey, detail)
 			return
 		}
-		if _, ok := h.readBody(w, r); ok {
+		if m.cfg.Key != nil || h.readBodyInto(w, r, &body) {
 			h.serveUnkeyed(w, r)
 		}
 		return
 	}
 
-	ctx := r.Context()
-	var legacyScope []idem.Option
-	if m.cfg.Scope != nil {
-		scope, err := m.cfg.Scope(r)
-		if err != nil {
-			h.refuse(w, r, ProblemUnauthorized, "the request has no principal to scope its key by")
-			return
-		}
-		if err := idem.ValidateScope(scope); err != nil {
-			h.refuse(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key: "+err.Error())
-			return
-		}
-		if m.legacy {
-			// The deprecated New let the Scope function override an
-			// idem.WithScope among its idem options: keep that precedence
-			// by passing the scope as the last option.
-			legacyScope = []idem.Option{idem.WithScope(scope)} //nolint:staticcheck // SA1019: the deprecated path keeps its behaviour
-		} else {
-			ctx = idem.ContextWithScope(ctx, scope)
-		}
-	} else if scope, ok := idem.ScopeFromContext(ctx); ok {
-		if err := idem.ValidateScope(scope); err != nil {
-			h.refuse(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key: "+err.Error())
-			return
-		}
-	}
-
-	body, ok := h.readBody(w, r)
+	ctx, ok := h.scope(w, r)
 	if !ok {
+		return
+	}
+	if m.cfg.Key == nil && !h.readBodyInto(w, r, &body) {
 		return
 	}
 	fingerprint, err := m.cfg.Fingerprint(r, body)
@@ -150,17 +107,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	obs := newObservation(m, h.observer())
 	// A panicking handler writes no answer; its call is still reported.
 	defer obs.done(0)
-	opts := append(slices.Clip(m.idemOpts), legacyScope...)
+	opts := m.idemOpts
 	if obs != nil {
-		opts = append(opts, idem.WithObserver(obs))
+		opts = append(slices.Clip(opts), idem.WithObserver(obs))
 	}
-	var captured *capture
+	var (
+		captured *capture
+		st       *requestState
+	)
 	stored, outcome, err := idem.Run(callCtx, m.db, key, fingerprint, func(workCtx context.Context, tx pgx.Tx) (response, error) {
 		if !stop() {
 			return response{}, fmt.Errorf("idemhttp: client left: %w", context.Cause(ctx))
 		}
 		captured = newCapture(m.cfg.MaxResponseBytes)
-		st := &requestState{tx: tx}
+		st = &requestState{tx: tx}
 		// The handler sees the request's own context (its values, its
 		// cancellation) with the call's key and the observer's span.
 		hctx := mergeValues(ctx, workCtx)
@@ -180,8 +140,71 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return resp, nil
 	}, opts...)
 
+	if captured != nil {
+		h.warnReplaced(r, captured)
+	}
+	if errors.Is(err, errNotStored) && st != nil && st.noStore && captured.status < 400 {
+		status := h.noStoredSuccess(w, r, captured.status)
+		obs.done(status)
+		return
+	}
 	status := h.answer(w, r, ctx, captured, stored, outcome, err)
 	obs.done(status)
+}
+
+// readKey returns the request's key ("" for none) and, when Config.Key
+// reads it, the body. It answers the request itself and reports false when
+// the key is malformed or the body cannot be read.
+func (h *handler) readKey(w http.ResponseWriter, r *http.Request) (key string, body []byte, ok bool) {
+	if h.m.cfg.Key == nil {
+		key, err := ParseKey(r.Header)
+		if err != nil {
+			h.refuse(w, r, ProblemInvalidKey, err.Error())
+			return "", nil, false
+		}
+		return key, nil, true
+	}
+	if !h.readBodyInto(w, r, &body) {
+		return "", nil, false
+	}
+	key, err := h.m.cfg.Key(r, body)
+	if err == nil && key != "" {
+		err = idem.ValidateKey(key)
+	}
+	if err != nil {
+		h.refuse(w, r, ProblemInvalidKey, err.Error())
+		return "", nil, false
+	}
+	return key, body, true
+}
+
+// readBodyInto reads the body into *body; see readBody.
+func (h *handler) readBodyInto(w http.ResponseWriter, r *http.Request, body *[]byte) bool {
+	b, ok := h.readBody(w, r)
+	*body = b
+	return ok
+}
+
+// warnReplaced logs a response whose status the handler replaced after it
+// had begun to answer (see NewMiddleware): net/http would have sent the
+// first status, here the later one is the answer.
+func (h *handler) warnReplaced(r *http.Request, c *capture) {
+	if c.replaced == 0 || h.m.log == nil {
+		return
+	}
+	h.m.log.WarnContext(r.Context(), "idemhttp: the handler wrote a status after its response had begun; the later status replaces the response",
+		"method", r.Method, "path", r.URL.Path, "first", c.replaced, "status", c.status)
+}
+
+// noStoredSuccess answers a success the handler marked with NoStore: its
+// writes rolled back, so the client must not receive it.
+func (h *handler) noStoredSuccess(w http.ResponseWriter, r *http.Request, status int) int {
+	detail := "the request could not be processed; nothing was committed"
+	if h.m.log != nil {
+		h.m.log.WarnContext(r.Context(), "idemhttp: the handler called NoStore on a success response; its writes rolled back and the client receives 500 instead",
+			"method", r.Method, "path", r.URL.Path, "status", status)
+	}
+	return h.problem(w, r, ProblemInternal, detail)
 }
 
 // answer writes the response for how the call ended and returns its status.

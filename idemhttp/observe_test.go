@@ -62,25 +62,14 @@ func TestObserverThroughMiddleware(t *testing.T) {
 		mw   func(obs idem.Observer) http.Handler
 	}{
 		{"Config.Observer", func(obs idem.Observer) http.Handler {
-			mw, err := idemhttp.NewMiddleware(pool, &idemhttp.Config{Observer: obs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return mw.Handler(http.HandlerFunc(handler))
+			return handle(t, pool, &idemhttp.Config{Observer: obs}, http.HandlerFunc(handler))
 		}},
 		{"Client", func(obs idem.Observer) http.Handler {
 			keys, err := idem.NewClient(pool, &idem.Config{Observer: obs})
 			if err != nil {
 				t.Fatal(err)
 			}
-			mw, err := idemhttp.NewMiddleware(keys, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return mw.Handler(http.HandlerFunc(handler))
-		}},
-		{"WithIdemOptions", func(obs idem.Observer) http.Handler {
-			return idemhttp.New(pool, idemhttp.WithIdemOptions(idem.WithObserver(obs)))(http.HandlerFunc(handler))
+			return handle(t, keys, nil, http.HandlerFunc(handler))
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -17,10 +17,11 @@ import (
 const (
 	// ProblemMissingKey: a covered request without a key while
 	// Config.Required is set. Send the request again with an
-	// Idempotency-Key. 400.
+	// Idempotency-Key (or the key Config.Key reads). 400.
 	ProblemMissingKey = "/problems/missing-key"
 	// ProblemInvalidKey: the Idempotency-Key header is malformed (see
-	// ParseKey). Send a valid key. 400.
+	// ParseKey), or Config.Key failed or read an invalid key. Send a valid
+	// key. 400.
 	ProblemInvalidKey = "/problems/invalid-key"
 	// ProblemKeyMismatch: the key was used before with another request. Use
 	// a new key for a new request; never retry this one as it is. 422.
@@ -38,8 +39,9 @@ const (
 	// transaction failed for a passing reason; nothing was stored. Retry
 	// with the same key after Retry-After. 503.
 	ProblemUnavailable = "/problems/unavailable"
-	// ProblemUnauthorized: the Config.Scope function returned an error, so
-	// the request has no principal to scope its key by. 401.
+	// ProblemUnauthorized: the Config.Scope function returned an error or
+	// an empty scope (ContextScope: the context carries no scope), so the
+	// request has no principal to scope its key by. 401.
 	ProblemUnauthorized = "/problems/unauthorized"
 	// ProblemInvalidRequest: the body could not be read, the fingerprint
 	// function failed, or the request's principal is not a valid scope. 400.
@@ -49,7 +51,8 @@ const (
 	// stored. A retry will fail the same way. 500.
 	ProblemResponseTooLarge = "/problems/response-too-large"
 	// ProblemInternal: a failure that a retry will not cure, such as a
-	// stored response that cannot be read back. 500.
+	// stored response that cannot be read back, or a success the handler
+	// marked with NoStore, whose writes rolled back. 500.
 	ProblemInternal = "/problems/internal-error"
 )
 

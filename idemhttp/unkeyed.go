@@ -32,9 +32,10 @@ func (h *handler) serveUnkeyed(w http.ResponseWriter, r *http.Request) {
 	defer rollback() // a panic in the handler
 
 	c := newCapture(h.m.cfg.MaxResponseBytes)
-	st := &requestState{tx: dbtx.Owned{Tx: tx}}
+	st := &requestState{tx: dbtx.Owned{Tx: tx, Err: idem.ErrTxOwned}}
 	h.next.ServeHTTP(c, r.WithContext(context.WithValue(ctx, txKey{}, st)))
 	c.finish()
+	h.warnReplaced(r, c)
 	switch {
 	case c.overflow:
 		rollback()
@@ -56,6 +57,10 @@ func (h *handler) serveUnkeyed(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+	case c.status < 400: // NoStore on a success: its writes must not look committed
+		rollback()
+		h.noStoredSuccess(w, r, c.status)
+		return
 	default:
 		rollback()
 	}

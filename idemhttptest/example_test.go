@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/idemhttptest"
 )
@@ -45,12 +46,24 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d,"amount":500}`, id)
 	})
-	mw, err := idemhttp.NewMiddleware(pool, &idemhttp.Config{Required: true})
+	mw, err := idemhttp.NewMiddleware(pool, &idemhttp.Config{
+		Required: true,
+		Scope:    idemhttp.ContextScope, // the account authenticate put in the context
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer token-ada" { // a real service verifies a credential here
+				http.Error(w, "sign in", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(idem.ContextWithScope(r.Context(), "account:ada")))
+		})
+	}
 	var faults idemhttptest.Faults // only in tests: lets the kit fail a request after the handler ran
-	handler := mw.Handler(faults.Middleware(mux))
+	handler := authenticate(mw.Handler(faults.Middleware(mux)))
 
 	suite := idemhttptest.Suite{
 		Handler: handler,
@@ -62,6 +75,7 @@ func Example() {
 				t.Fatal(err)
 			}
 			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Authorization", "Bearer token-ada")
 			return r
 		},
 		Effects: func(ctx context.Context) (n int, err error) {

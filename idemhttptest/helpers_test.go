@@ -59,7 +59,11 @@ func newService(t *testing.T, d defect) *service {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) { s.charge(w, r, d) })
-	cfg := &idemhttp.Config{Required: true, Logger: slog.New(slog.DiscardHandler)}
+	cfg := &idemhttp.Config{
+		Required: true,
+		Scope:    func(*http.Request) (string, error) { return "account:1", nil }, // one signed-in client
+		Logger:   slog.New(slog.DiscardHandler),
+	}
 	switch d {
 	case stores5xx:
 		cfg.StoreStatus = func(int) bool { return true }

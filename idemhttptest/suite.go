@@ -11,16 +11,17 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/idemtest"
 	"github.com/idemhq/idem/internal/kit"
 )
 
 // DefaultRetries is how many retries follow a first request when
-// Suite.Retries is not set.
-const DefaultRetries = 3
+// Suite.Retries is not set: idemtest's.
+const DefaultRetries = idemtest.DefaultRetries
 
 // DefaultConcurrency is how many duplicates the Concurrent scenario sends at
-// once when Suite.Concurrency is not set.
-const DefaultConcurrency = 32
+// once when Suite.Concurrency is not set: idemtest's.
+const DefaultConcurrency = idemtest.DefaultConcurrency
 
 // Suite describes the endpoint under test: the service, the request, and how
 // to count its effect. Handler or URL, DB, Request and Effects are required;
@@ -115,32 +116,12 @@ type Suite struct {
 	Concurrency int
 }
 
-// Scenario tells Check what a scenario did.
-type Scenario struct {
-	// Name is the scenario's name, as its subtest is named.
-	Name string
-	// Keys are the Idempotency-Keys the scenario sent.
-	Keys []string
-	// Executions is how many times the operation should have taken effect
-	// in this scenario: 1, or 0 when its only attempt was made to fail.
-	Executions int
-	// TotalExecutions is Executions summed over this scenario and those
-	// that ran before it in this Run.
-	TotalExecutions int
-}
+// Scenario tells Check what a scenario did, as idemtest's Scenario does;
+// its Keys are the Idempotency-Keys the scenario sent.
+type Scenario = idemtest.Scenario
 
-// Result is what one scenario reported, for Results.
-type Result struct {
-	// Scenario is the scenario's name.
-	Scenario string
-	// Failures are the scenario's failure messages; none if it passed.
-	Failures []string
-	// Skipped reports whether Check skipped the scenario.
-	Skipped bool
-}
-
-// Passed reports whether the scenario passed.
-func (r Result) Passed() bool { return len(r.Failures) == 0 }
+// Result is what one scenario reported, for Results: idemtest's Result.
+type Result = idemtest.Result
 
 // Run runs the battery in t, each scenario as a subtest, in this order:
 //

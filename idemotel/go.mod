@@ -3,7 +3,7 @@ module github.com/idemhq/idem/idemotel
 go 1.26.0
 
 require (
-	github.com/idemhq/idem v0.0.0-00010101000000-000000000000
+	github.com/idemhq/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/otlptranslator v1.0.0

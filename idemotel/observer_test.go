@@ -124,7 +124,7 @@ func (w *world) entries() []entry {
 		return w.work(ctx, true, tx, k.Key, r)
 	})
 	wrap := entry{name: "Wrap", call: func(ctx context.Context, key string, r request) int {
-		_, _ = charge(ctx, key, r)
+		_, _, _ = charge(ctx, key, r)
 		return 0
 	}}
 
@@ -156,22 +156,20 @@ func (w *world) entries() []entry {
 			return rec.Code
 		}
 	}
-	mw, err := idemhttp.NewMiddleware(w.pool, &idemhttp.Config{Observer: w.tm.observer(), Logger: quiet})
+	mw, err := idemhttp.NewMiddleware(w.pool, &idemhttp.Config{SharedKeys: true, Observer: w.tm.observer(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mwClient, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{Logger: quiet})
+	mwClient, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{SharedKeys: true, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	legacy := idemhttp.New(w.pool, idemhttp.WithIdemOptions(idem.WithObserver(w.tm.observer())))
 
 	return []entry{
 		do,
 		wrap,
 		{name: "idemhttp Config.Observer", http: true, call: serve(mw.Handler(handler))},
 		{name: "idemhttp Client", http: true, call: serve(mwClient.Handler(handler))},
-		{name: "idemhttp WithIdemOptions", http: true, call: serve(legacy(handler))},
 	}
 }
 
@@ -363,7 +361,7 @@ func TestScopeAndMessagesOptIn(t *testing.T) {
 		t.Fatal("no error")
 	}
 	charge := idem.Wrap(pool, "payments.charge", func(context.Context, pgx.Tx, int) (int, error) { return 1, nil }, idem.WithObserver(obs))
-	if _, err := charge(ctx, key, 1); err != nil {
+	if _, _, err := charge(ctx, key, 1); err != nil {
 		t.Fatal(err)
 	}
 	spans := tm.ended()

@@ -72,7 +72,11 @@ func WithScopeOnSpans(on bool) Option {
 // (the status description and the exception event's exception.message).
 // By default only the error's type is recorded (error.type): an error that
 // fn returns may quote client data, the idempotency key included, and the
-// key lets its holder read the stored answer. Applies to New.
+// key lets its holder read the stored answer. With it on, client input
+// may then reach traces, and everyone who can read them: a request body's
+// values, a header or the key, quoted in an error by fn, a driver or a
+// parser. Turn it on only where traces are as protected as the data
+// itself. Applies to New.
 func WithErrorMessages(on bool) Option {
 	return func(c *config) { c.errorMessages = on }
 }

@@ -35,7 +35,8 @@ func show(v any) string { return kit.Excerpt(fmt.Appendf(nil, "%+v", v)) }
 
 // call calls Call with key and the request, or its changed form.
 func (r *run[Req, Resp]) call(t testing.TB, key string, req Req) (Resp, error) {
-	return r.suite.Call(t.Context(), key, req)
+	v, _, err := r.suite.Call(t.Context(), key, req)
+	return v, err
 }
 
 // settle calls until the call is not refused as in progress.
@@ -141,7 +142,7 @@ func (r *run[Req, Resp]) concurrent(t testing.TB) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			values[i], errs[i] = r.suite.Call(ctx, key, r.suite.Request)
+			values[i], _, errs[i] = r.suite.Call(ctx, key, r.suite.Request)
 		})
 	}
 	close(start)

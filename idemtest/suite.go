@@ -25,11 +25,11 @@ const DefaultConcurrency = 32
 type Suite[Req, Resp any] struct {
 	// Call is the operation as the application calls it, with the
 	// idempotency key: the function idem.Wrap returns, or a function that
-	// hashes req and calls idem.Do or idem.Run. Give it exactly what the
+	// hashes req and calls idem.Run. Give it exactly what the
 	// application runs (its Client, its options, its scope: a Call that
 	// adds the scope to ctx with idem.ContextWithScope, say). It is called
 	// from many goroutines at once and must not modify req.
-	Call func(ctx context.Context, key string, req Req) (Resp, error)
+	Call func(ctx context.Context, key string, req Req) (Resp, idem.Outcome, error)
 
 	// DB is the database Call uses: the kit looks for the keys it sent and
 	// for traces of rolled-back attempts there, and makes attempts fail

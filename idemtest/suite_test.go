@@ -60,7 +60,7 @@ func (s *store) effects(ctx context.Context) (n int, err error) {
 	return n, err
 }
 
-func (s *store) suite(call func(ctx context.Context, key string, req chargeRequest) (charge, error)) idemtest.Suite[chargeRequest, charge] {
+func (s *store) suite(call func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error)) idemtest.Suite[chargeRequest, charge] {
 	return idemtest.Suite[chargeRequest, charge]{
 		Call:    call,
 		DB:      s.pool,
@@ -97,9 +97,9 @@ func TestWrapPasses(t *testing.T) {
 	}
 }
 
-// A closure over idem.Do on an *idem.Client with a table of its own and a
+// A closure over idem.Run on an *idem.Client with a table of its own and a
 // scope in the context passes.
-func TestDoOnClientPasses(t *testing.T) {
+func TestRunOnClientPasses(t *testing.T) {
 	t.Parallel()
 	s := newStore(t)
 	if _, err := s.pool.Exec(t.Context(), `create schema billing;
@@ -110,13 +110,13 @@ func TestDoOnClientPasses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	suite := s.suite(func(ctx context.Context, key string, req chargeRequest) (charge, error) {
+	suite := s.suite(func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error) {
 		hash, err := idem.HashJSON(req)
 		if err != nil {
-			return charge{}, err
+			return charge{}, idem.OutcomeInvalid, err
 		}
 		ctx = idem.ContextWithScope(ctx, "tenant-7")
-		return idem.Do(ctx, keys, key, hash, func(tx pgx.Tx) (charge, error) { return s.charge(ctx, tx, req) })
+		return idem.Run(ctx, keys, key, hash, func(ctx context.Context, tx pgx.Tx) (charge, error) { return s.charge(ctx, tx, req) })
 	})
 	suite.DB = keys
 	suite.Concurrency = 8
@@ -132,14 +132,14 @@ func TestDefectsFailTheKit(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		call     func(s *store) func(ctx context.Context, key string, req chargeRequest) (charge, error)
+		call     func(s *store) func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error)
 		scenario string
 		want     string
 		passes   []string
 	}{
 		{
 			name: "writes through the pool",
-			call: func(s *store) func(context.Context, string, chargeRequest) (charge, error) {
+			call: func(s *store) func(context.Context, string, chargeRequest) (charge, idem.Outcome, error) {
 				s.poolWrites = true
 				return idem.Wrap(s.pool, "charges.create", s.charge)
 			},
@@ -149,14 +149,14 @@ func TestDefectsFailTheKit(t *testing.T) {
 		},
 		{
 			name: "no idem: every retry runs again",
-			call: func(s *store) func(context.Context, string, chargeRequest) (charge, error) {
-				return func(ctx context.Context, key string, req chargeRequest) (charge, error) {
+			call: func(s *store) func(context.Context, string, chargeRequest) (charge, idem.Outcome, error) {
+				return func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error) {
 					var c charge
 					err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
 						c, err = s.charge(ctx, tx, req)
 						return err
 					})
-					return c, err
+					return c, idem.OutcomeExecuted, err
 				}
 			},
 			scenario: "Retries",
@@ -164,9 +164,9 @@ func TestDefectsFailTheKit(t *testing.T) {
 		},
 		{
 			name: "request hash ignores the request",
-			call: func(s *store) func(context.Context, string, chargeRequest) (charge, error) {
-				return func(ctx context.Context, key string, req chargeRequest) (charge, error) {
-					return idem.Do(ctx, s.pool, key, "same-for-all", func(tx pgx.Tx) (charge, error) { return s.charge(ctx, tx, req) })
+			call: func(s *store) func(context.Context, string, chargeRequest) (charge, idem.Outcome, error) {
+				return func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error) {
+					return idem.Run(ctx, s.pool, key, "same-for-all", func(ctx context.Context, tx pgx.Tx) (charge, error) { return s.charge(ctx, tx, req) })
 				}
 			},
 			scenario: "ChangedRequest",
@@ -175,12 +175,12 @@ func TestDefectsFailTheKit(t *testing.T) {
 		},
 		{
 			name: "result changed after idem returns it",
-			call: func(s *store) func(context.Context, string, chargeRequest) (charge, error) {
+			call: func(s *store) func(context.Context, string, chargeRequest) (charge, idem.Outcome, error) {
 				wrapped := idem.Wrap(s.pool, "charges.create", s.charge)
-				return func(ctx context.Context, key string, req chargeRequest) (charge, error) {
-					c, err := wrapped(ctx, key, req)
+				return func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error) {
+					c, outcome, err := wrapped(ctx, key, req)
 					c.ServedAt = time.Now()
-					return c, err
+					return c, outcome, err
 				}
 			},
 			scenario: "Retries",
@@ -189,14 +189,14 @@ func TestDefectsFailTheKit(t *testing.T) {
 		},
 		{
 			name: "errors dropped",
-			call: func(s *store) func(context.Context, string, chargeRequest) (charge, error) {
+			call: func(s *store) func(context.Context, string, chargeRequest) (charge, idem.Outcome, error) {
 				wrapped := idem.Wrap(s.pool, "charges.create", s.charge)
-				return func(ctx context.Context, key string, req chargeRequest) (charge, error) {
-					c, err := wrapped(ctx, key, req)
+				return func(ctx context.Context, key string, req chargeRequest) (charge, idem.Outcome, error) {
+					c, outcome, err := wrapped(ctx, key, req)
 					if err != nil && !errIsIdem(err) {
-						return charge{}, nil
+						return charge{}, idem.OutcomeExecuted, nil
 					}
-					return c, err
+					return c, outcome, err
 				}
 			},
 			scenario: "FailureNotStored",

@@ -32,12 +32,12 @@ func TestInvalidScopeIsAnError(t *testing.T) {
 	}
 	// Wrap is built once; the scope arrives per request.
 	charge := idem.Wrap(pool, "payments.charge", shop{}.Charge)
-	if _, err := charge(ctx, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, idem.ErrInvalidScope) {
+	if _, _, err := charge(ctx, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, idem.ErrInvalidScope) {
 		t.Fatalf("a Wrap'd call with a 300-byte scope: %v, want ErrInvalidScope", err)
 	}
 	// An operation and a scope that fit alone but not together.
 	long := idem.ContextWithScope(context.Background(), strings.Repeat("s", 250))
-	if _, err := charge(long, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, idem.ErrInvalidScope) {
+	if _, _, err := charge(long, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, idem.ErrInvalidScope) {
 		t.Fatalf("operation + scope over 255 bytes: %v, want ErrInvalidScope", err)
 	}
 	if n := sent.n.Load(); n != 0 {
@@ -52,10 +52,14 @@ func TestScopeFromContext(t *testing.T) {
 	s := newSetup(t)
 	charge := idem.Wrap(s.pool, "payments.charge", shop{}.Charge)
 	req := chargeRequest{AccountID: 1, Amount: 10}
-	for _, tenant := range []string{"tenant-a", "tenant-b", "tenant-a"} {
+	for i, tenant := range []string{"tenant-a", "tenant-b", "tenant-a"} {
 		ctx := idem.ContextWithScope(context.Background(), tenant)
-		if _, err := charge(ctx, "same-key", req); err != nil {
+		_, outcome, err := charge(ctx, "same-key", req)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if want := []idem.Outcome{idem.OutcomeExecuted, idem.OutcomeExecuted, idem.OutcomeReplayed}[i]; outcome != want {
+			t.Fatalf("call %d (%s): outcome %v, want %v", i+1, tenant, outcome, want)
 		}
 	}
 	if n := s.charges(); n != 2 {
@@ -128,7 +132,7 @@ func TestKeyInsideTheWork(t *testing.T) {
 		inWrap, _ = idem.KeyFromContext(ctx)
 		return n, nil
 	})
-	if _, err := wrapped(ctx, "order-42", 1); err != nil {
+	if _, _, err := wrapped(ctx, "order-42", 1); err != nil {
 		t.Fatal(err)
 	}
 	if want, _ := idem.WrapScope("orders.create", "tenant-1"); inWrap != (idem.CallKey{Scope: want, Key: "order-42"}) {
@@ -531,15 +535,15 @@ func TestWrapScopesDoNotCollide(t *testing.T) {
 		return func(context.Context, pgx.Tx, int) (string, error) { return "secret of " + name, nil }
 	}
 	scoped := func(scope string) context.Context { return idem.ContextWithScope(context.Background(), scope) }
-	a, err := idem.Wrap(s.pool, "b/charge", secret("a"))(scoped("a"), "k", 1)
+	a, _, err := idem.Wrap(s.pool, "b/charge", secret("a"))(scoped("a"), "k", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := idem.Wrap(s.pool, "charge", secret("a/b"))(scoped("a/b"), "k", 1)
-	if err != nil || b == a {
-		t.Fatalf(`Wrap("charge") in scope "a/b" got %q (%v), the result of Wrap("b/charge") in scope "a" is %q`, b, err, a)
+	b, outcome, err := idem.Wrap(s.pool, "charge", secret("a/b"))(scoped("a/b"), "k", 1)
+	if err != nil || b == a || outcome != idem.OutcomeExecuted {
+		t.Fatalf(`Wrap("charge") in scope "a/b" got %q (%v, %v), the result of Wrap("b/charge") in scope "a" is %q`, b, outcome, err, a)
 	}
-	unscoped, err := idem.Wrap(s.pool, "payments.charge", secret("wrap"))(context.Background(), "k", 1)
+	unscoped, _, err := idem.Wrap(s.pool, "payments.charge", secret("wrap"))(context.Background(), "k", 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,16 +18,16 @@ import (
 // TestClaimRaceCommitAfterSnapshot between its snapshot and its lock.
 const gateKey = 7306090
 
-// gateSQL shadows pg_try_advisory_xact_lock(int4, int4) for sessions whose
+// gateSQL shadows pg_try_advisory_xact_lock(bigint), the key's lock, for sessions whose
 // search_path puts public before pg_catalog: it first waits for the gate,
 // then takes the real lock. The claim statement calls it after its snapshot
 // was taken and before it inserts, which is the window of the race.
 var gateSQL = fmt.Sprintf(`
-CREATE FUNCTION public.pg_try_advisory_xact_lock(integer, integer) RETURNS boolean
+CREATE FUNCTION public.pg_try_advisory_xact_lock(bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock_shared(%d::bigint);
-    RETURN pg_catalog.pg_try_advisory_xact_lock($1, $2);
+    RETURN pg_catalog.pg_try_advisory_xact_lock($1);
 END $$`, gateKey)
 
 // TestClaimRaceCommitAfterSnapshot plays, deterministically, the one window
@@ -57,8 +57,9 @@ func TestClaimRaceCommitAfterSnapshot(t *testing.T) {
 // whose transactions default to REPEATABLE READ, on a pool and a
 // connection. The deferred protocol's second look would share the claim's
 // snapshot there and miss the first commit: its assertion must send the
-// call to claim.sql instead, and fn must still run once (the second call
-// replays, or fails with a retryable serialization failure).
+// call to claim.sql instead (the protocol is chosen with the session's
+// default, learnt with the table's layout), and fn must still run once (the
+// second call replays, or fails with a retryable serialization failure).
 func TestClaimRaceSessionRepeatableRead(t *testing.T) {
 	for _, v := range variants {
 		if v.name == "outer_tx" {

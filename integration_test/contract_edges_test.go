@@ -262,7 +262,7 @@ func TestTypedNilDatabase(t *testing.T) {
 						t.Fatalf("Wrap(%s) call panicked: %v", name, p)
 					}
 				}()
-				_, err = idem.Wrap(db, "op", method)(context.Background(), "k", 1)
+				_, _, err = idem.Wrap(db, "op", method)(context.Background(), "k", 1)
 			}()
 			if !errors.Is(err, idem.ErrInvalidOption) {
 				t.Fatalf("Wrap(%s): %v, want ErrInvalidOption", name, err)
@@ -348,15 +348,15 @@ func TestWrapRefusesUnfingerprintableRequests(t *testing.T) {
 		return req.Amount.cents, nil
 	})
 	ctx := context.Background()
-	if _, err := transfer(ctx, "k", transferRequest{To: 2, Amount: money{500}}); err != nil {
+	if _, _, err := transfer(ctx, "k", transferRequest{To: 2, Amount: money{500}}); err != nil {
 		if errors.Is(err, idem.ErrInvalidOption) {
 			return // refusing the request type is a fix
 		}
 		t.Fatal(err)
 	}
-	moved, err := transfer(ctx, "k", transferRequest{To: 2, Amount: money{500_000}})
+	moved, outcome, err := transfer(ctx, "k", transferRequest{To: 2, Amount: money{500_000}})
 	if !errors.Is(err, idem.ErrMismatch) {
-		t.Fatalf("the same key with another amount: %d, %v; want ErrMismatch (or the request type refused)", moved, err)
+		t.Fatalf("the same key with another amount: %d, %v, %v; want ErrMismatch (or the request type refused)", moved, outcome, err)
 	}
 }
 

@@ -3,6 +3,8 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,27 +58,27 @@ func TestWrapPaymentAndOrder(t *testing.T) {
 	charge := idem.Wrap(s.pool, "payments.charge", svc.Charge)
 	createOrder := idem.Wrap(s.pool, "orders.create", svc.CreateOrder)
 
-	first, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 300})
+	first, _, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 300})
-	if err != nil || again != first {
-		t.Fatalf("replay = %+v, %v; want %+v", again, err, first)
+	again, outcome, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 300})
+	if err != nil || again != first || outcome != idem.OutcomeReplayed {
+		t.Fatalf("replay = %+v, %v, %v; want %+v, replayed", again, outcome, err, first)
 	}
-	if _, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 301}); !errors.Is(err, idem.ErrMismatch) {
+	if _, _, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 301}); !errors.Is(err, idem.ErrMismatch) {
 		t.Fatalf("changed request: %v, want ErrMismatch", err)
 	}
 	// The same key for another operation, in a tenant's scope, is another
 	// key.
-	o, err := createOrder(idem.ContextWithScope(ctx, "tenant-7"), "key-1", orderRequest{AccountID: 2, Items: []string{"a", "b"}})
-	if err != nil || o.Items != 2 {
-		t.Fatalf("order = %+v, %v", o, err)
+	o, outcome, err := createOrder(idem.ContextWithScope(ctx, "tenant-7"), "key-1", orderRequest{AccountID: 2, Items: []string{"a", "b"}})
+	if err != nil || o.Items != 2 || outcome != idem.OutcomeExecuted {
+		t.Fatalf("order = %+v, %v, %v", o, outcome, err)
 	}
 	// A refusal is stored under the operation's scope and replayed.
-	for i := 0; i < 2; i++ {
-		if _, err := charge(ctx, "key-2", chargeRequest{AccountID: 1, Amount: 1 << 40}); !errors.Is(err, errInsufficientFunds) {
-			t.Fatalf("refusal %d: %v", i, err)
+	for i, want := range []idem.Outcome{idem.OutcomeRefused, idem.OutcomeReplayed} {
+		if _, outcome, err := charge(ctx, "key-2", chargeRequest{AccountID: 1, Amount: 1 << 40}); !errors.Is(err, errInsufficientFunds) || outcome != want {
+			t.Fatalf("refusal %d: %v, %v; want %v", i, outcome, err, want)
 		}
 	}
 	if s.charges() != 2 {
@@ -96,7 +98,7 @@ func TestWrapRefusesMisuse(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for name, c := range map[string]struct {
-		f    func(context.Context, string, chargeRequest) (charge, error)
+		f    func(context.Context, string, chargeRequest) (charge, idem.Outcome, error)
 		want error
 	}{
 		"invalid option": {idem.Wrap(countingBeginner{t}, "op", shop{}.Charge, idem.WithWait(-time.Second)), idem.ErrInvalidOption},
@@ -104,8 +106,80 @@ func TestWrapRefusesMisuse(t *testing.T) {
 		"nil database":   {idem.Wrap[chargeRequest, charge](nil, "op", shop{}.Charge), idem.ErrInvalidOption},
 		"nil method":     {idem.Wrap[chargeRequest, charge](countingBeginner{t}, "op", nil), idem.ErrInvalidOption},
 	} {
-		if _, err := c.f(ctx, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, c.want) {
-			t.Errorf("%s: %v, want %v", name, err, c.want)
+		if _, outcome, err := c.f(ctx, "k", chargeRequest{AccountID: 1, Amount: 1}); !errors.Is(err, c.want) || outcome != idem.OutcomeInvalid {
+			t.Errorf("%s: %v, %v; want invalid, %v", name, outcome, err, c.want)
 		}
+	}
+}
+
+// A wrapped function returns how each call ended, per call: executed, then
+// replayed for the retry, then mismatch for the same key with another
+// request. Calls running at once on one wrapped function each get their
+// own outcome, with nothing shared between them for the race detector to
+// find.
+func TestWrapReturnsEachCallsOutcome(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	charge := idem.Wrap(s.pool, "payments.charge", shop{}.Charge)
+
+	req := chargeRequest{AccountID: 1, Amount: 300}
+	first, outcome, err := charge(ctx, "key-1", req)
+	if err != nil || outcome != idem.OutcomeExecuted {
+		t.Fatalf("first call: %v, %v; want executed", outcome, err)
+	}
+	again, outcome, err := charge(ctx, "key-1", req)
+	if err != nil || outcome != idem.OutcomeReplayed || again != first {
+		t.Fatalf("retry: %+v, %v, %v; want %+v, replayed", again, outcome, err, first)
+	}
+	if _, outcome, err := charge(ctx, "key-1", chargeRequest{AccountID: 1, Amount: 301}); !errors.Is(err, idem.ErrMismatch) || outcome != idem.OutcomeMismatch {
+		t.Fatalf("changed request: %v, %v; want mismatch, ErrMismatch", outcome, err)
+	}
+
+	// 16 keys, a third already used with the same request (a replay), a
+	// third with another (a mismatch), a third new; then one goroutine per
+	// key, all at once.
+	const n = 16
+	want := make([]idem.Outcome, n)
+	key := func(i int) string { return fmt.Sprintf("concurrent-%d", i) }
+	for i := range n {
+		switch i % 3 {
+		case 0:
+			want[i] = idem.OutcomeReplayed
+			_, _, err = charge(ctx, key(i), req)
+		case 1:
+			want[i] = idem.OutcomeMismatch
+			_, _, err = charge(ctx, key(i), chargeRequest{AccountID: 2, Amount: 1})
+		default:
+			want[i] = idem.OutcomeExecuted
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]idem.Outcome, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, got[i], errs[i] = charge(ctx, key(i), req)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		if got[i] != want[i] {
+			t.Errorf("%s: outcome %v (%v), want %v", key(i), got[i], errs[i], want[i])
+		}
+		if wantErr := want[i] == idem.OutcomeMismatch; wantErr != errors.Is(errs[i], idem.ErrMismatch) || !wantErr && errs[i] != nil {
+			t.Errorf("%s: error %v, want ErrMismatch only for a mismatch", key(i), errs[i])
+		}
+	}
+	// One charge for key-1 and one per concurrent key: each ran once, before
+	// or during the concurrent calls.
+	if got := s.charges(); got != 1+n {
+		t.Errorf("%d charges, want %d", got, 1+n)
 	}
 }

@@ -28,6 +28,9 @@ var execModes = []pgx.QueryExecMode{
 // an expired key is claimed again, a refusal is stored, and no SET leaks
 // into the session's later transactions.
 func TestExecModesAndIsolation(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("120 databases: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
 	for _, mode := range execModes {
 		for _, def := range []string{"", "repeatable read", "serializable"} {
 			for _, iso := range []pgx.TxIsoLevel{"", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {

@@ -81,13 +81,13 @@ func TestWrapScopesSplitUnambiguously(t *testing.T) {
 		return func(context.Context, pgx.Tx, int) (string, error) { return name, nil }
 	}
 	scoped := func(scope string) context.Context { return idem.ContextWithScope(context.Background(), scope) }
-	ab, err := idem.Wrap(s.pool, "ab", result("operation ab, scope c"))(scoped("c"), "k", 1)
+	ab, _, err := idem.Wrap(s.pool, "ab", result("operation ab, scope c"))(scoped("c"), "k", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := idem.Wrap(s.pool, "a", result("operation a, scope bc"))(scoped("bc"), "k", 1)
-	if err != nil || a == ab {
-		t.Fatalf(`Wrap("a") in scope "bc" got %q (%v); Wrap("ab") in scope "c" stored %q`, a, err, ab)
+	a, outcome, err := idem.Wrap(s.pool, "a", result("operation a, scope bc"))(scoped("bc"), "k", 1)
+	if err != nil || a == ab || outcome != idem.OutcomeExecuted {
+		t.Fatalf(`Wrap("a") in scope "bc" got %q (%v, %v); Wrap("ab") in scope "c" stored %q`, a, outcome, err, ab)
 	}
 	x, _ := idem.WrapScope("ab", "c")
 	y, _ := idem.WrapScope("a", "bc")

@@ -234,7 +234,7 @@ func TestHostileScopeAndHash(t *testing.T) {
 	}
 	t.Run("wrap with an invalid operation", func(t *testing.T) {
 		wrapped := idem.Wrap(pool, "charge\xff", func(context.Context, pgx.Tx, int) (int, error) { return 0, nil })
-		if _, err := wrapped(ctx, "k", 1); !errors.Is(err, idem.ErrInvalidOption) {
+		if _, _, err := wrapped(ctx, "k", 1); !errors.Is(err, idem.ErrInvalidOption) {
 			t.Fatalf("call of Wrap(\"charge\\xff\") = %v, want ErrInvalidOption", err)
 		}
 		if n := sent.n.Load(); n != 0 {

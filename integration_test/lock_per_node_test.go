@@ -13,12 +13,12 @@ import (
 	"github.com/idemhq/idem/idem"
 )
 
-// lockGrantedSQL shadows pg_try_advisory_xact_lock(int4, int4) for sessions
+// lockGrantedSQL shadows pg_try_advisory_xact_lock(bigint), the key's lock, for sessions
 // whose search_path puts public before pg_catalog with a lock that excludes
 // nobody: what two coordinators of a Citus cluster see when each takes the
 // key's advisory lock on its own node.
 const lockGrantedSQL = `
-CREATE FUNCTION public.pg_try_advisory_xact_lock(integer, integer) RETURNS boolean
+CREATE FUNCTION public.pg_try_advisory_xact_lock(bigint) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$ SELECT true $$`
 
 // TestClaimWithLockPerNode plays a duplicate whose advisory lock was taken

@@ -6,8 +6,8 @@ require (
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/google/uuid v1.6.0
 	github.com/hashicorp/go-retryablehttp v0.7.8
-	github.com/idemhq/idem v0.0.0-00010101000000-000000000000
-	github.com/idemhq/idem/idemotel v0.0.0-00010101000000-000000000000
+	github.com/idemhq/idem v0.1.0
+	github.com/idemhq/idem/idemotel v0.1.0
 	github.com/jackc/pgerrcode v0.0.0-20250907135507-afb5586c32a6
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/oapi-codegen/runtime v1.9.0
@@ -23,6 +23,7 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/time v0.16.0
 )
 
 require (

@@ -7,24 +7,30 @@
 //
 //	DATABASE_URL=postgres://... go run . -addr 127.0.0.1:8080 -processor http://127.0.0.1:8090
 //
-// The HTTP API is described in openapi.yaml and served at GET /openapi.yaml;
-// internal/payments implements it. GET /metrics serves the service's
-// metrics for Prometheus: idem's (package idemotel, on an OpenTelemetry
-// MeterProvider read by the OpenTelemetry Prometheus exporter), such as
-// idem_calls_total by outcome and HTTP status. Clients sign up with
-// POST /accounts and send the API key they receive as "Authorization:
-// Bearer"; idempotency keys are scoped by it. The service creates its
-// tables on start if they are missing (River's too, with rivermigrate),
-// deletes expired idempotency keys every -sweep-every, and shuts down
-// gracefully on SIGINT or SIGTERM. `make demo` (./demo) shows the
-// guarantee against a network that loses answers.
+// The HTTP API is described in openapi.yaml and served on -addr, with its
+// spec at GET /openapi.yaml; internal/payments implements it. The
+// service's metrics for Prometheus are served apart, at GET /metrics on
+// -metrics-addr (METRICS_ADDR; loopback by default), a listener for the
+// operator's network only: they tell payment volume, decline rates and
+// keys in progress, which are no client's business. They are idem's
+// (package idemotel, on an OpenTelemetry MeterProvider read by the
+// OpenTelemetry Prometheus exporter), such as idem_calls_total by outcome
+// and HTTP status. Clients sign up with POST /accounts and send the API
+// key they receive as "Authorization: Bearer"; idempotency keys are
+// scoped by it, and each account may send -payment-rate payments a
+// second (bursts of -payment-burst). The service creates its tables on
+// start if they are missing (River's too, with rivermigrate), deletes
+// expired idempotency keys every -sweep-every, and shuts down gracefully
+// on SIGINT or SIGTERM. `make demo` (./demo) shows the guarantee against
+// a network that loses answers.
 //
 // With a payment processor (-processor, or PROCESSOR_URL; the flag wins),
 // every committed payment is also charged at the processor, exactly once:
 // POST /payments inserts a settlement job in the payment's transaction,
-// and a River client in this process runs it (internal/settlement).
-// Without one, payments are not settled. ./cmd/processor is a fake
-// processor to try it with.
+// and a River client in this process runs it (internal/settlement). The
+// processor's URL must be https, except on loopback; the service refuses
+// to start otherwise. Without one, payments are not settled.
+// ./cmd/processor is a fake processor to try it with.
 package main
 
 import (
@@ -43,6 +49,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+	"golang.org/x/time/rate"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
@@ -53,6 +60,11 @@ import (
 
 // defaultDatabaseURL is used when DATABASE_URL is not set.
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// defaultMetricsAddr is where GET /metrics is served when neither
+// -metrics-addr nor METRICS_ADDR says: the loopback interface, on the
+// OpenTelemetry Prometheus exporter's usual port.
+const defaultMetricsAddr = "127.0.0.1:9464"
 
 // The server's limits on slow or silent clients. Without them, a client
 // that sends its request slowly, or never reads its answer, holds a
@@ -85,6 +97,10 @@ type settings struct {
 	// processorURL is the payment processor's base URL; empty: payments
 	// are not settled.
 	processorURL string
+	// paymentRate and paymentBurst bound each account's POST /payments
+	// (payments.Config).
+	paymentRate  rate.Limit
+	paymentBurst int
 	// The server's timeouts; the constants above in production, shorter in
 	// tests.
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
@@ -93,6 +109,8 @@ type settings struct {
 func defaultSettings() settings {
 	return settings{
 		sweepEvery:        time.Minute,
+		paymentRate:       payments.DefaultPaymentRate,
+		paymentBurst:      payments.DefaultPaymentBurst,
 		readHeaderTimeout: ReadHeaderTimeout,
 		readTimeout:       ReadTimeout,
 		writeTimeout:      WriteTimeout,
@@ -102,12 +120,17 @@ func defaultSettings() settings {
 
 func main() {
 	set := defaultSettings()
-	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on, host:port")
+	addr := flag.String("addr", "127.0.0.1:8080", "address of the API, host:port")
+	metricsAddr := flag.String("metrics-addr", envOr("METRICS_ADDR", defaultMetricsAddr),
+		"address of GET /metrics, host:port, for the operator's network only (default $METRICS_ADDR, else "+defaultMetricsAddr+"; empty: no metrics served)")
 	flag.DurationVar(&set.sweepEvery, "sweep-every", set.sweepEvery, "how often to delete expired idempotency keys")
 	flag.StringVar(&set.processorURL, "processor", os.Getenv("PROCESSOR_URL"),
-		"payment processor base URL; every payment is settled there (default $PROCESSOR_URL; none: payments are not settled)")
+		"payment processor base URL, https unless on loopback; every payment is settled there (default $PROCESSOR_URL; none: payments are not settled)")
+	paymentRate := flag.Float64("payment-rate", float64(set.paymentRate), "POST /payments per second and account, sustained")
+	flag.IntVar(&set.paymentBurst, "payment-burst", set.paymentBurst, "POST /payments per account at once, after a pause")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-sweep-every 1m] [-processor URL]
+		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-metrics-addr host:port] [-sweep-every 1m]
+       [-processor URL] [-payment-rate 5] [-payment-burst 10]
 
 A payments service that charges each payment exactly once per Idempotency-Key,
 and settles each at the payment processor exactly once.
@@ -115,6 +138,7 @@ and settles each at the payment processor exactly once.
 Environment:
   DATABASE_URL   PostgreSQL connection URL (default %s)
   PROCESSOR_URL  payment processor base URL, if -processor is not given
+  METRICS_ADDR   address of GET /metrics, if -metrics-addr is not given
 
 Server timeouts: headers %v, request %v, answer %v, idle connection %v.
 
@@ -123,15 +147,10 @@ Flags:
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if set.sweepEvery <= 0 {
-		fmt.Fprintln(os.Stderr, "payments_example: -sweep-every must be positive")
+	set.paymentRate = rate.Limit(*paymentRate)
+	if err := set.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "payments_example:", err)
 		os.Exit(2)
-	}
-	if set.processorURL != "" {
-		if _, err := processor.NewClient(set.processorURL, nil); err != nil {
-			fmt.Fprintln(os.Stderr, "payments_example: -processor:", err)
-			os.Exit(2)
-		}
 	}
 
 	dbURL := os.Getenv("DATABASE_URL")
@@ -144,14 +163,41 @@ Flags:
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("metrics", "err", err) }))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *addr, dbURL, log, set); err != nil {
+	if err := run(ctx, *addr, *metricsAddr, dbURL, log, set); err != nil {
 		log.Error("payments_example stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-// run connects, creates the tables, and serves on addr until ctx ends.
-func run(ctx context.Context, addr, dbURL string, log *slog.Logger, set settings) error {
+// envOr returns the environment variable name, or def when it is unset.
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+// check refuses settings the service cannot start with: a processor URL
+// that processor.NewClient refuses (plain http beyond loopback, say), a
+// sweep interval or a rate limit that is not positive.
+func (set settings) check() error {
+	if set.sweepEvery <= 0 {
+		return errors.New("-sweep-every must be positive")
+	}
+	if set.paymentRate <= 0 || set.paymentBurst <= 0 {
+		return errors.New("-payment-rate and -payment-burst must be positive")
+	}
+	if set.processorURL != "" {
+		if _, err := processor.NewClient(set.processorURL, nil); err != nil {
+			return fmt.Errorf("-processor: %w", err)
+		}
+	}
+	return nil
+}
+
+// run connects, creates the tables, and serves the API on addr and the
+// metrics on metricsAddr (none if empty) until ctx ends.
+func run(ctx context.Context, addr, metricsAddr, dbURL string, log *slog.Logger, set settings) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -164,17 +210,32 @@ func run(ctx context.Context, addr, dbURL string, log *slog.Logger, set settings
 	if err != nil {
 		return err
 	}
-	return serve(ctx, ln, pool, log, set)
+	var metricsLn net.Listener
+	if metricsAddr != "" {
+		if metricsLn, err = new(net.ListenConfig).Listen(ctx, "tcp", metricsAddr); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	return serve(ctx, ln, metricsLn, pool, log, set)
 }
 
-// serve serves the API on ln until ctx ends, then shuts down gracefully:
-// the listener closes, requests in flight finish (up to 10s), settlement
-// jobs in flight finish (up to 10s more), the sweeper stops, and the
-// metrics' MeterProvider shuts down, before it returns.
-func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) (err error) {
+// serve serves the API on ln, and GET /metrics on metricsLn if it is not
+// nil, until ctx ends, then shuts down gracefully: the listeners close,
+// requests in flight finish (up to 10s), settlement jobs in flight finish
+// (up to 10s more), the sweeper stops, and the metrics' MeterProvider
+// shuts down, before it returns. The API never serves the metrics: they
+// are for the operator's network, not for clients.
+func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) (err error) {
+	closeAll := func() {
+		_ = ln.Close()
+		if metricsLn != nil {
+			_ = metricsLn.Close()
+		}
+	}
 	mp, metrics, err := newMetrics(ctx, log)
 	if err != nil {
-		_ = ln.Close()
+		closeAll()
 		return err
 	}
 	// Deferred first, so it runs last: nothing records any more.
@@ -188,14 +249,14 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 		Logger:   log,
 	})
 	if err != nil {
-		_ = ln.Close()
+		closeAll()
 		return err
 	}
 	// The key table's health (idem_key_count and the others), read at
 	// each scrape.
 	stats, err := idemotel.RegisterStats(keys, idemotel.WithMeterProvider(mp))
 	if err != nil {
-		_ = ln.Close()
+		closeAll()
 		return err
 	}
 	defer func() { err = errors.Join(err, stats.Unregister()) }()
@@ -203,7 +264,7 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 	if set.processorURL != "" {
 		jobs, stopJobs, err := startSettlement(ctx, pool, set.processorURL, log)
 		if err != nil {
-			_ = ln.Close()
+			closeAll()
 			return err
 		}
 		// Deferred first, so it runs after the server has shut down: no
@@ -211,20 +272,31 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 		defer func() { err = errors.Join(err, stopJobs()) }()
 		settler = jobs
 	}
-	handler, err := payments.NewHandler(pool, keys, settler, log, metrics)
+	handler, err := payments.NewHandler(pool, keys, &payments.Config{
+		Settler:      settler,
+		Logger:       log,
+		PaymentRate:  set.paymentRate,
+		PaymentBurst: set.paymentBurst,
+	})
 	if err != nil {
-		_ = ln.Close()
+		closeAll()
 		return err
 	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: set.readHeaderTimeout,
-		ReadTimeout:       set.readTimeout,
-		WriteTimeout:      set.writeTimeout,
-		IdleTimeout:       set.idleTimeout,
-		MaxHeaderBytes:    MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: set.readHeaderTimeout,
+			ReadTimeout:       set.readTimeout,
+			WriteTimeout:      set.writeTimeout,
+			IdleTimeout:       set.idleTimeout,
+			MaxHeaderBytes:    MaxHeaderBytes,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
 	}
+	srv := newServer(handler)
+	internal := http.NewServeMux()
+	internal.Handle("GET /metrics", metrics)
+	metricsSrv := newServer(internal)
 
 	// The sweeper lives as long as the server: it stops when ctx ends, and
 	// serve does not return before it has.
@@ -234,27 +306,46 @@ func serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, log *slog.L
 	defer sweeper.Wait()
 	defer stopSweeper()
 
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String(), "sweep_every", set.sweepEvery, "processor", set.processorURL)
-
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
+	servers := []*http.Server{srv}
+	metricsAt := ""
+	if metricsLn != nil {
+		go func() { served <- metricsSrv.Serve(metricsLn) }()
+		servers = append(servers, metricsSrv)
+		metricsAt = metricsLn.Addr().String()
 	}
-	log.Info("shutting down")
+	log.Info("serving", "addr", ln.Addr().String(), "metrics_addr", metricsAt, "sweep_every", set.sweepEvery,
+		"processor", set.processorURL, "payment_rate", float64(set.paymentRate), "payment_burst", set.paymentBurst)
+
+	var failed error
+	select {
+	case failed = <-served:
+	case <-ctx.Done():
+		log.Info("shutting down")
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		// Requests still running after the grace period are cut off.
-		_ = srv.Close()
-		return err
+	var errs []error
+	for _, s := range servers {
+		if err := s.Shutdown(shutdownCtx); err != nil {
+			// Requests still running after the grace period are cut off.
+			_ = s.Close()
+			errs = append(errs, err)
+		}
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return err
+	if failed == nil {
+		failed = <-served
 	}
-	return nil
+	for range len(servers) - 1 {
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if !errors.Is(failed, http.ErrServerClosed) {
+		errs = append(errs, failed)
+	}
+	return errors.Join(errs...)
 }
 
 // startSettlement starts the River client that settles payments at the
@@ -299,6 +390,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		}
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, payments.ErrOldSchema) {
+			return err // waiting does not change the tables
 		}
 		log.Warn("database not ready, retrying", "err", err)
 		select {

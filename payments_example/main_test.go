@@ -24,6 +24,7 @@ import (
 	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
+	"github.com/idemhq/idem/payments_example/processor"
 )
 
 // childEnv, set to 1, makes the test binary run the command itself
@@ -47,9 +48,10 @@ const liveness = 60 * time.Second
 
 // service is the command's server started by a test.
 type service struct {
-	addr   string
-	client *http.Client // checks every request and answer against the spec
-	stop   func() error // stops it as SIGTERM does and returns serve's error
+	addr        string
+	metricsAddr string       // the internal listener's
+	client      *http.Client // checks every request and answer against the spec
+	stop        func() error // stops it as SIGTERM does and returns serve's error
 }
 
 func start(t *testing.T, pool *pgxpool.Pool, set settings) *service {
@@ -61,9 +63,13 @@ func start(t *testing.T, pool *pgxpool.Pool, set settings) *service {
 	if err != nil {
 		t.Fatal(err)
 	}
+	metricsLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, ln, pool, slog.New(slog.NewTextHandler(io.Discard, nil)), set) }()
+	go func() { served <- serve(ctx, ln, metricsLn, pool, slog.New(slog.NewTextHandler(io.Discard, nil)), set) }()
 	var stopped bool
 	var result error
 	stop := func() error {
@@ -77,9 +83,10 @@ func start(t *testing.T, pool *pgxpool.Pool, set settings) *service {
 	t.Cleanup(func() { _ = stop() })
 	transport := &http.Transport{DisableKeepAlives: true}
 	return &service{
-		addr:   ln.Addr().String(),
-		client: &http.Client{Transport: spectest.New(t).Transport(t, transport)},
-		stop:   stop,
+		addr:        ln.Addr().String(),
+		metricsAddr: metricsLn.Addr().String(),
+		client:      &http.Client{Transport: spectest.New(t).Transport(t, transport)},
+		stop:        stop,
 	}
 }
 
@@ -103,7 +110,7 @@ func (s *service) get(ctx context.Context, t *testing.T, path, apiKey string) (i
 
 func (s *service) signUp(ctx context.Context, t *testing.T) api.AccountCreated {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/accounts", strings.NewReader(`{"owner": "ada", "balance": 1000}`))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/accounts", strings.NewReader(`{"owner": "ada"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +129,7 @@ func (s *service) signUp(ctx context.Context, t *testing.T) api.AccountCreated {
 
 func (s *service) pay(ctx context.Context, t *testing.T, a api.AccountCreated, key string, amount int64) int {
 	t.Helper()
-	body := fmt.Sprintf(`{"account_id": %d, "amount": %d, "currency": "USD"}`, a.Id, amount)
+	body := fmt.Sprintf(`{"account_id": %q, "amount": %d, "currency": "USD"}`, a.Id, amount)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/payments", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -156,8 +163,25 @@ func TestServe(t *testing.T) {
 	}
 }
 
-// TestMetrics checks GET /metrics as the service serves it, through the
-// spec-checking client: after a payment and a retry of it, idem_calls_total
+// rawGet sends GET http://addr/path with a plain client: the internal
+// listener, and the paths the spec does not have, are no part of the API.
+func rawGet(t *testing.T, addr, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		t.Fatalf("GET %s%s: %v", addr, path, err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res.StatusCode, body
+}
+
+// TestMetrics checks GET /metrics as the service serves it, on its
+// internal listener: after a payment and a retry of it, idem_calls_total
 // counts one call executed and one replayed, both answered 201; the call
 // duration and the key table's figures are there too; and nothing in the
 // exposition names the account, its API key or the Idempotency-Key.
@@ -171,7 +195,7 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("POST /payments, attempt %d: %d", i+1, status)
 		}
 	}
-	status, body := s.get(t.Context(), t, "/metrics", "")
+	status, body := rawGet(t, s.metricsAddr, "/metrics")
 	if status != http.StatusOK {
 		t.Fatalf("GET /metrics: %d %s", status, body)
 	}
@@ -200,10 +224,60 @@ func TestMetrics(t *testing.T) {
 	for name, secret := range map[string]string{
 		"the Idempotency-Key": key,
 		"the API key":         a.ApiKey,
-		"the account's scope": fmt.Sprintf("account:%d", a.Id),
+		"the account's scope": "account:" + a.Id.String(),
 	} {
 		if bytes.Contains(body, []byte(secret)) {
 			t.Errorf("GET /metrics holds %s (%q)", name, secret)
+		}
+	}
+}
+
+// TestMetricsOnInternalListenerOnly is the review's finding: GET /metrics
+// was served on the public listener, to anyone, with the payment volume,
+// the decline rate, the keys in progress and the SDK versions. The public
+// listener now answers it 404; the internal one serves the metrics and
+// nothing else; and the internal listener's default address is loopback.
+func TestMetricsOnInternalListenerOnly(t *testing.T) {
+	pool := testdb.New(t)
+	s := start(t, pool, defaultSettings())
+	a := s.signUp(t.Context(), t)
+	if status := s.pay(t.Context(), t, a, "internal-1", 100); status != http.StatusCreated {
+		t.Fatalf("POST /payments: %d", status)
+	}
+	if status, body := rawGet(t, s.addr, "/metrics"); status != http.StatusNotFound || bytes.Contains(body, []byte("idem_")) {
+		t.Fatalf("GET /metrics on the public listener: %d %.200s, want 404", status, body)
+	}
+	if status, body := rawGet(t, s.metricsAddr, "/metrics"); status != http.StatusOK || !bytes.Contains(body, []byte("idem_calls_total")) {
+		t.Fatalf("GET /metrics on the internal listener: %d %.200s", status, body)
+	}
+	for _, path := range []string{"/healthz", "/openapi.yaml", "/accounts/" + a.Id.String()} {
+		if status, _ := rawGet(t, s.metricsAddr, path); status != http.StatusNotFound {
+			t.Errorf("GET %s on the internal listener: %d, want 404", path, status)
+		}
+	}
+	host, _, err := net.SplitHostPort(defaultMetricsAddr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		t.Errorf("the default metrics address %q is not loopback", defaultMetricsAddr)
+	}
+}
+
+// TestProcessorURLChecked is the review's finding: the processor's URL
+// could be plain http to any host, so the charges, their keys and the
+// processor's answers crossed the network in clear. The service refuses to
+// start with one; https, and plain http on loopback (a local fake), pass.
+func TestProcessorURLChecked(t *testing.T) {
+	for u, ok := range map[string]bool{
+		"http://processor.example.com":  false,
+		"http://192.0.2.10:8090":        false,
+		"https://processor.example.com": true,
+		"http://127.0.0.1:8090":         true,
+		"":                              true,
+	} {
+		set := defaultSettings()
+		set.processorURL = u
+		err := set.check()
+		if ok != (err == nil) || (!ok && !errors.Is(err, processor.ErrInsecureURL)) {
+			t.Errorf("processor %q: %v", u, err)
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idem"
@@ -188,16 +189,17 @@ func runSoak(t *testing.T, dbURL string, restartDB func(), cfg soak) {
 	}
 	defer db.Close(context.WithoutCancel(ctx))
 	type row struct {
-		account, amount int64
-		processorID     string
+		account     uuid.UUID
+		amount      int64
+		processorID string
 	}
-	rows := map[int64]row{}
+	rows := map[uuid.UUID]row{}
 	res, err := db.Query(ctx, "select id, account_id, amount, coalesce(processor_id, '') from payments")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for res.Next() {
-		var id int64
+		var id uuid.UUID
 		var r row
 		if err := res.Scan(&id, &r.account, &r.amount, &r.processorID); err != nil {
 			t.Fatal(err)
@@ -210,35 +212,35 @@ func runSoak(t *testing.T, dbURL string, restartDB func(), cfg soak) {
 	if len(rows) != cfg.payments {
 		t.Errorf("%d payments committed for %d payments made", len(rows), cfg.payments)
 	}
-	keyOf := map[int64]string{}
+	keyOf := map[uuid.UUID]string{}
 	for i, p := range paid {
 		r, ok := rows[p.Id]
 		switch {
 		case !ok:
-			t.Errorf("payment %d was answered 201 (id %d) and is not in the database", i, p.Id)
+			t.Errorf("payment %d was answered 201 (id %s) and is not in the database", i, p.Id)
 		case r.amount != int64(100+i) || r.account != account.Id:
 			t.Errorf("payment %d: %+v", i, r)
 		}
 		keyOf[p.Id] = keys[i]
 	}
 	charges := fake.Charges()
-	perPayment := map[int64]int{}
+	perPayment := map[uuid.UUID]int{}
 	for _, ch := range charges {
 		perPayment[ch.PaymentID]++
 		r, ok := rows[ch.PaymentID]
-		want := idem.CallKey{Scope: fmt.Sprintf("account:%d", account.Id), Key: keyOf[ch.PaymentID]}.Derive(settlement.Purpose(ch.PaymentID))
+		want := idem.CallKey{Scope: "account:" + account.Id.String(), Key: keyOf[ch.PaymentID]}.Derive(settlement.Purpose(ch.PaymentID))
 		switch {
 		case !ok:
-			t.Errorf("charge %s for payment %d, which did not commit", ch.ID, ch.PaymentID)
+			t.Errorf("charge %s for payment %s, which did not commit", ch.ID, ch.PaymentID)
 		case r.processorID != ch.ID || *statuses[ch.PaymentID].ProcessorId != ch.ID:
-			t.Errorf("payment %d shows charge %q (API %v), the processor charged %s", ch.PaymentID, r.processorID, statuses[ch.PaymentID].ProcessorId, ch.ID)
+			t.Errorf("payment %s shows charge %q (API %v), the processor charged %s", ch.PaymentID, r.processorID, statuses[ch.PaymentID].ProcessorId, ch.ID)
 		case ch.Key != want || ch.Amount != r.amount || ch.AccountID != r.account:
 			t.Errorf("charge %+v, want key %s for payment %+v", ch, want, r)
 		}
 	}
 	for id := range rows {
 		if perPayment[id] != 1 {
-			t.Errorf("payment %d charged %d times at the processor", id, perPayment[id])
+			t.Errorf("payment %s charged %d times at the processor", id, perPayment[id])
 		}
 	}
 	stats := fake.Stats()
@@ -296,9 +298,12 @@ func newChild(t *testing.T, dbURL, processorURL string) *child {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	c := &child{
-		t:       t,
-		url:     "http://" + addr,
-		args:    []string{"-addr", addr, "-processor", processorURL},
+		t:   t,
+		url: "http://" + addr,
+		// No metrics listener (its fixed default port would be shared by
+		// every child), and no rate limit: the soak pays as fast as it can.
+		args: []string{"-addr", addr, "-metrics-addr=", "-processor", processorURL,
+			"-payment-rate", "1000000", "-payment-burst", "1000000"},
 		env:     append(os.Environ(), childEnv+"=1", "DATABASE_URL="+dbURL, "PROCESSOR_URL="),
 		logPath: filepath.Join(t.TempDir(), "service.log"),
 	}
@@ -435,7 +440,7 @@ func (c *soakClient) do(ctx context.Context, method, path, apiKey, key string, b
 
 func (c *soakClient) signUp(ctx context.Context) api.AccountCreated {
 	c.t.Helper()
-	status, body, err := c.do(ctx, http.MethodPost, "/accounts", "", "", []byte(`{"owner": "soak", "balance": 1000000000}`))
+	status, body, err := c.do(ctx, http.MethodPost, "/accounts", "", "", []byte(`{"owner": "soak"}`))
 	var a api.AccountCreated
 	if err != nil || status != http.StatusCreated || json.Unmarshal(body, &a) != nil {
 		c.t.Fatalf("sign up: %d %s %v", status, body, err)
@@ -447,7 +452,7 @@ func (c *soakClient) signUp(ctx context.Context) api.AccountCreated {
 // 201: after a broken connection (a kill, a lost answer), 409 (the first
 // attempt still holds the key), and 5xx (the database restarting).
 func (c *soakClient) pay(ctx context.Context, a api.AccountCreated, key string, amount int64) (api.Payment, error) {
-	body := fmt.Appendf(nil, `{"account_id": %d, "amount": %d, "currency": "USD"}`, a.Id, amount)
+	body := fmt.Appendf(nil, `{"account_id": %q, "amount": %d, "currency": "USD"}`, a.Id, amount)
 	wait := 50 * time.Millisecond
 	deadline := time.Now().Add(5 * liveness)
 	for attempt := 0; ; attempt++ {
@@ -475,17 +480,17 @@ func (c *soakClient) pay(ctx context.Context, a api.AccountCreated, key string, 
 // waitSettled polls GET /payments/{id} for every payment of paid until all
 // are settled, failing the test at deadline. It returns the last answer
 // for each, and how long after deadline-settleBound the last one settled.
-func (c *soakClient) waitSettled(ctx context.Context, a api.AccountCreated, paid []api.Payment, deadline time.Time) (map[int64]api.PaymentStatus, time.Duration) {
+func (c *soakClient) waitSettled(ctx context.Context, a api.AccountCreated, paid []api.Payment, deadline time.Time) (map[uuid.UUID]api.PaymentStatus, time.Duration) {
 	c.t.Helper()
-	got := map[int64]api.PaymentStatus{}
-	pending := make([]int64, 0, len(paid))
+	got := map[uuid.UUID]api.PaymentStatus{}
+	pending := make([]uuid.UUID, 0, len(paid))
 	for _, p := range paid {
 		pending = append(pending, p.Id)
 	}
 	for {
-		var still []int64
+		var still []uuid.UUID
 		for _, id := range pending {
-			status, body, err := c.do(ctx, http.MethodGet, "/payments/"+strconv.FormatInt(id, 10), a.ApiKey, "", nil)
+			status, body, err := c.do(ctx, http.MethodGet, "/payments/"+id.String(), a.ApiKey, "", nil)
 			var p api.PaymentStatus
 			if err != nil || status != http.StatusOK || json.Unmarshal(body, &p) != nil || !p.Settled {
 				still = append(still, id)

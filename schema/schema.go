@@ -19,7 +19,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemhq/idem/internal/dbtx"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
@@ -30,9 +31,11 @@ var files embed.FS
 // production: one partition per day, for keys kept about a day.
 const DefaultPartitionInterval = 24 * time.Hour
 
-// Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx all do. It
-// is the same interface as idem.Execer.
-type Execer = dbtx.Execer
+// Execer runs a statement: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and
+// pgx.Tx all do.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
 
 // Apply creates or completes the idempotency_keys table. It is safe to call
 // on every start and from several processes at once: concurrent callers
@@ -64,7 +67,7 @@ func ApplyTable(ctx context.Context, db Execer, table string) error {
 // takes any row no other partition takes (a claim never fails for want of a
 // partition), and the partitions of the present and the three intervals
 // after it. idem.Do and everything built on it work on either layout;
-// idem.Sweep keeps partitions made ahead and drops those whose keys have all
+// Client.Sweep keeps partitions made ahead and drops those whose keys have all
 // expired. table is as for ApplyTable ("" means idempotency_keys).
 //
 // interval must be a whole number of seconds, at least one (an error
@@ -136,7 +139,7 @@ func PartitionedFiles() ([]File, error) { return glob("partitioned/[0-9]*.sql") 
 // PartitionsSQL is schema/partitioned/002_idempotency_keys_partitions.sql
 // for table: the maintenance step that makes the DEFAULT partition and the
 // partitions of the present and the near future, taking the interval from
-// the newest partition. idem.Sweep runs it.
+// the newest partition. Client.Sweep runs it.
 func PartitionsSQL(table string) (string, error) {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {

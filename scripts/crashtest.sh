@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make crashtest: the crash tests of cmd/idem-load (-crash) on a PostgreSQL
+# make crashtest: the crash tests of tools/idem-load (-crash) on a PostgreSQL
 # cluster of their own. Clients retry every failure with the same key while
 # the run kills the application processes with SIGKILL and crashes
 # PostgreSQL with `pg_ctlcluster ... stop -m immediate`; at the end every
@@ -42,7 +42,7 @@ trap 'exit 130' INT TERM
 create_cluster "$ver" "$name" "$port"
 start_cluster "$ver" "$name"
 say "PostgreSQL $ver cluster $name on 127.0.0.1:$port"
-go build -o "$work/idem-load" ./cmd/idem-load
+(cd tools && go build -o "$work/idem-load" ./idem-load)
 case " $services " in
   *" payments "*)
     # Built inside its own module; the root module does not import it.

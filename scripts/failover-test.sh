@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make failover-test: replica promotion under load (cmd/idem-load
+# make failover-test: replica promotion under load (tools/idem-load
 # -failover). A primary streams its WAL asynchronously to a standby made
 # with pg_basebackup -R; under load the standby falls behind, the primary
 # crashes and the standby is promoted. The promoted node must hold, for
@@ -27,7 +27,7 @@ cleanup() {
 cleanup
 trap 'cleanup; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
-go build -o "$work/idem-load" ./cmd/idem-load
+(cd tools && go build -o "$work/idem-load" ./idem-load)
 unset DATABASE_URL IDEM_TEST_ADMIN_URL
 
 for cut in stream pause; do

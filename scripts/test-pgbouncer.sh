@@ -147,8 +147,8 @@ done
 
 if [ "$load_ops" != 0 ]; then
   say "idem-load, $load_ops calls from 4 processes, through PgBouncer (default_query_exec_mode=$load_mode)"
-  if ! IDEM_TEST_DATABASE_URL=$(bouncer_url "$load_mode") IDEM_TEST_ADMIN_URL=$upstream \
-      go run ./cmd/idem-load -ops "$load_ops"; then
+  if ! (cd tools && IDEM_TEST_DATABASE_URL=$(bouncer_url "$load_mode") IDEM_TEST_ADMIN_URL=$upstream \
+      go run ./idem-load -ops "$load_ops"); then
     say "FAILED: idem-load through PgBouncer"
     status=1
   fi

@@ -318,7 +318,7 @@ func TestInspectWrapKeys(t *testing.T) {
 	}
 	defer pool.Close()
 	withdraw := idem.Wrap(pool, "wallet.withdraw", wallet{}.Withdraw)
-	if _, err := withdraw(idem.ContextWithScope(ctx, "user:alice"), "w-1", 30); err != nil {
+	if _, _, err := withdraw(idem.ContextWithScope(ctx, "user:alice"), "w-1", 30); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errOut := idemCmd(ctx, url, "inspect", "-operation", "wallet.withdraw", "-scope", "user:alice", "w-1")

@@ -1,6 +1,7 @@
 -- claim: one statement that either claims the key for this transaction or
 -- returns what a retry must see.
 --   $1 scope   $2 key   $3 request hash   $4 time to live in microseconds
+--   $5 the key's lock (lockKey in lockkey.go)
 -- Returns one row: locked (null when a live row made locking needless),
 -- claimed, and the live row's request_hash, status, response and refusal.
 --
@@ -12,12 +13,16 @@
 -- ended. The unique primary key still decides who owns the key; the lock only
 -- turns a wait into an immediate "in progress".
 --
--- The lock is (the table's oid, a 32-bit hash of scope and key): the oid
--- makes every spelling of one table ("idempotency_keys",
--- "public.idempotency_keys") take the same lock, and lets an operator count
--- the keys in progress in pg_locks (classid = the table's oid, objsubid = 2).
--- Keys in different scopes that share a hash only make one of them answer
--- "in progress" early; they can never both commit.
+-- The lock is the bigint $5 (64 bits of SHA-256 of scope and key) XOR the
+-- table's oid in its high half: the oid makes every spelling of one table
+-- ("idempotency_keys", "public.idempotency_keys") take the same lock, and
+-- the cryptographic hash keeps a tenant from choosing a key whose lock is
+-- another tenant's. Keys that shared a lock anyway would only make one of
+-- them answer "in progress" early; they can never both commit. A shared lock
+-- on (the table's oid, 10 bits of $5), which blocks nobody, lets Stats and an
+-- operator count the keys in progress in pg_locks (classid = the table's
+-- oid, objsubid = 2); the 1024 values spread the claims over the lock
+-- manager's partitions.
 --
 -- expires_at is created_at + TTL and is never updated (it is indexed, and
 -- the completing update must stay HOT); a completed key lives until
@@ -31,8 +36,9 @@ WITH cur AS (
 ),
 lk AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM cur WHERE live) THEN NULL
-                WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                               hashtext($1 || E'\x1f' || $2))
+                WHEN pg_try_advisory_xact_lock($5::bigint # ('idempotency_keys'::regclass::oid::bigint << 32))
+                     -- The table's counter for Stats, which excludes nobody.
+                     AND pg_try_advisory_xact_lock_shared('idempotency_keys'::regclass::oid::int4, ($5::bigint & 1023)::int4)
                 -- The marker the completing statement checks (complete.sql).
                 THEN set_config('idem.locked', $1 || E'\x1f' || $2, true) IS NOT NULL
                 ELSE false END AS locked

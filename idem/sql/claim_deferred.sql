@@ -4,7 +4,7 @@
 -- key's advisory lock. The key's row is written once, completed, by
 -- complete_deferred.sql in the round trip that carries COMMIT, instead of
 -- being inserted here and updated there.
---   $1 scope   $2 key
+--   $1 scope   $2 key   $3 the key's lock (lockKey in lockkey.go)
 -- Returns one row: locked (null when a live row made locking needless), and
 -- the live row's request_hash, status, response and refusal.
 --
@@ -14,7 +14,7 @@
 -- lock taken is recorded in the transaction-local setting idem.locked
 -- (scope, 0x1f, key), which that statement reads: asking for the lock again
 -- there would take it afresh when this claim did not get it.
--- The lock is claim.sql's: (the table's oid, a 32-bit hash of scope and key).
+-- The locks are claim.sql's.
 WITH cur AS (
     SELECT request_hash, status, response, refusal,
            status <> 'in_progress'
@@ -23,8 +23,9 @@ WITH cur AS (
     WHERE scope = $1 AND idempotency_key = $2
 )
 SELECT CASE WHEN cur.live THEN NULL
-            WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                           hashtext($1 || E'\x1f' || $2))
+            WHEN pg_try_advisory_xact_lock($3::bigint # ('idempotency_keys'::regclass::oid::bigint << 32))
+                 -- The table's counter for Stats, which excludes nobody.
+                 AND pg_try_advisory_xact_lock_shared('idempotency_keys'::regclass::oid::int4, ($3::bigint & 1023)::int4)
             THEN set_config('idem.locked', $1 || E'\x1f' || $2, true) IS NOT NULL
             ELSE false END,
        CASE WHEN cur.live THEN cur.request_hash END,

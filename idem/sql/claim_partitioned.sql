@@ -2,6 +2,7 @@
 -- (schema/partitioned), where the primary key is (scope, idempotency_key,
 -- created_at) and no longer makes a live key unique on its own.
 --   $1 scope   $2 key   $3 request hash   $4 time to live in microseconds
+--   $5 the key's lock (lockKey in lockkey.go; the locks are claim.sql's)
 -- Returns claim.sql's row plus the claimed row's created_at (null unless
 -- claimed), which complete_partitioned.sql names the row by.
 --
@@ -38,8 +39,9 @@ WITH cur AS (
 ),
 lk AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM cur) THEN NULL
-                WHEN pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                               hashtext($1 || E'\x1f' || $2))
+                WHEN pg_try_advisory_xact_lock($5::bigint # ('idempotency_keys'::regclass::oid::bigint << 32))
+                     -- The table's counter for Stats, which excludes nobody.
+                     AND pg_try_advisory_xact_lock_shared('idempotency_keys'::regclass::oid::int4, ($5::bigint & 1023)::int4)
                 -- The marker the completing statement checks (complete.sql).
                 THEN set_config('idem.locked', $1 || E'\x1f' || $2, true) IS NOT NULL
                 ELSE false END AS locked

@@ -2,11 +2,10 @@
 -- The advisory lock keeps a concurrent claim out until this statement's
 -- implicit transaction ends, and makes a busy key answer at once instead of
 -- waiting on the holder's row lock.
---   $1 scope   $2 key
+--   $1 scope   $2 key   $3 the key's lock (claim.sql)
 -- Returns: free (false: the key is in progress), deleted rows.
 WITH lk AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock('idempotency_keys'::regclass::oid::int4,
-                                     hashtext($1 || E'\x1f' || $2)) AS free
+    SELECT pg_try_advisory_xact_lock($3::bigint # ('idempotency_keys'::regclass::oid::bigint << 32)) AS free
 ),
 del AS (
     DELETE FROM idempotency_keys

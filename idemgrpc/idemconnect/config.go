@@ -28,184 +28,117 @@ const HeaderReplayed = "Idempotent-Replayed"
 
 // DefaultMaxResponseBytes is the largest stored reply when
 // Config.MaxResponseBytes is not set: 1 MiB.
-const DefaultMaxResponseBytes = 1 << 20
+const DefaultMaxResponseBytes = unary.DefaultMaxResponseBytes
 
 // DefaultRetryDelay is the delay of the RetryInfo detail when
 // Config.RetryDelay is not set: 1s.
-const DefaultRetryDelay = time.Second
+const DefaultRetryDelay = unary.DefaultRetryDelay
 
 // The reasons of the google.rpc.ErrorInfo detail that every answer of the
-// interceptor's own carries (see NewInterceptor for the codes).
-// They are stable: clients may branch on them. None of these answers is
-// stored under the key.
+// interceptor's own carries, with the codes NewInterceptor lists. They are
+// idemgrpc's reasons, for the same causes, and idemgrpc documents each
+// (github.com/idemhq/idem/idemgrpc.ReasonMissingKey and the rest). They
+// are stable: clients may branch on them. None of these answers is stored
+// under the key.
 const (
-	// ReasonMissingKey: a call of a Required method without a key.
-	// INVALID_ARGUMENT.
-	ReasonMissingKey = "IDEMPOTENCY_KEY_MISSING"
-	// ReasonInvalidKey: the key metadata is malformed or repeated, the key
-	// field is not a UUID, or the two disagree. INVALID_ARGUMENT.
-	ReasonInvalidKey = "IDEMPOTENCY_KEY_INVALID"
-	// ReasonKeyMismatch: the key was used before with another request. Use
-	// a new key for a new request; never retry this one as it is.
-	// FAILED_PRECONDITION.
-	ReasonKeyMismatch = "IDEMPOTENCY_KEY_MISMATCH"
-	// ReasonInProgress: a call with this key is running. Retry with the same
-	// key after the RetryInfo delay. ABORTED.
-	ReasonInProgress = "IDEMPOTENCY_KEY_IN_PROGRESS"
-	// ReasonOutcomeUnknown: the connection to the database failed while the
-	// transaction was committing. Retry with the same key to learn the
-	// outcome; never with a new key. UNAVAILABLE.
-	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
-	// ReasonUnavailable: the database could not be reached or the
-	// transaction failed for a passing reason; nothing was stored. Retry
-	// with the same key. UNAVAILABLE.
-	ReasonUnavailable = "DATABASE_UNAVAILABLE"
-	// ReasonUnauthenticated: Config.Scope returned an error, so the call has
-	// no principal to scope its key by. UNAUTHENTICATED.
-	ReasonUnauthenticated = "NO_PRINCIPAL"
-	// ReasonInvalidRequest: the request could not be fingerprinted, or the
-	// principal is not a valid scope (idem.ValidateScope). INVALID_ARGUMENT.
-	ReasonInvalidRequest = "INVALID_REQUEST"
-	// ReasonResponseTooLarge: the handler's answer exceeds
-	// Config.MaxResponseBytes; its writes rolled back. A retry fails the
-	// same way. INTERNAL.
+	ReasonMissingKey       = "IDEMPOTENCY_KEY_MISSING"
+	ReasonInvalidKey       = "IDEMPOTENCY_KEY_INVALID"
+	ReasonKeyMismatch      = "IDEMPOTENCY_KEY_MISMATCH"
+	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"
+	ReasonOutcomeUnknown   = "OUTCOME_UNKNOWN"
+	ReasonUnavailable      = "DATABASE_UNAVAILABLE"
+	ReasonUnauthenticated  = "NO_PRINCIPAL"
+	ReasonInvalidRequest   = "INVALID_REQUEST"
 	ReasonResponseTooLarge = "RESPONSE_TOO_LARGE"
-	// ReasonCallEnded: the call was cancelled or its deadline passed before
-	// the handler started; nothing was done. CANCELED or DEADLINE_EXCEEDED.
-	ReasonCallEnded = "CALL_ENDED"
-	// ReasonInternal: a failure a retry will not cure, such as a stored
-	// reply that cannot be read back. INTERNAL.
-	ReasonInternal = "INTERNAL"
+	ReasonCallEnded        = "CALL_ENDED"
+	ReasonInternal         = "INTERNAL"
 )
 
-// Method is how one covered method takes its key.
+// Method is how one covered procedure takes its key: the fields of
+// idemgrpc.Method, with the key's header HeaderKey.
 type Method struct {
 	// Required makes a key mandatory: a call without one is answered
-	// INVALID_ARGUMENT (ReasonMissingKey) and the handler does not run.
-	// Defaults to false: a call without a key runs in a plain transaction
-	// (AIP-155 makes request IDs optional).
+	// invalid_argument (ReasonMissingKey). Defaults to false.
 	Required bool
 
 	// KeyField names a singular string field of the request that carries
-	// the key, as AIP-155's request_id does. Its values must be UUIDs
-	// (8-4-4-4-12 hexadecimal digits, any version, not the nil UUID); a
-	// call whose field is empty takes the key from HeaderKey instead, and
-	// a call that sets both must set them to the same value. Defaults to
-	// "": the key comes from HeaderKey only.
+	// the key as a UUID, as AIP-155's request_id does; a call whose field
+	// is empty takes the key from HeaderKey, and one that sets both must
+	// set them alike. Defaults to "": HeaderKey only.
 	KeyField string
 }
 
-// Config is the interceptor's settings, checked once by
-// NewInterceptor. The zero value of every field but Methods
-// means the default it states. Deployment settings of the keys themselves
-// (table, TTL, sealer) belong to the idem.Client the interceptor is given.
+// Config is the interceptor's settings, checked once by NewInterceptor.
+// Its fields are idemgrpc.Config's, with Connect's types, and mean what
+// idemgrpc documents there, defaults included; a field's comment here says
+// only what differs. Deployment settings of the keys themselves (table,
+// TTL, sealer) belong to the idem.Client the interceptor is given.
 type Config struct {
-	// Methods are the unary methods the interceptor covers, by procedure
-	// ("/idem.example.charge.v1.ChargeService/Charge", the generated
-	// *Procedure constants). Calls of other procedures pass through
-	// untouched, even with a key, and Tx returns nil for them. Each must be
-	// a unary method of a service registered with the protobuf registry
-	// (generated code registers its services). Required: an interceptor
-	// covering nothing is an error.
+	// Methods are the unary procedures covered, by name (the generated
+	// *Procedure constants). Required.
 	Methods map[string]Method
 
-	// Scope names the key's scope for a call: the authenticated principal
-	// or tenant. The same key in two scopes is two unrelated keys. Defaults
-	// to the scope in the call's context (idem.ContextWithScope), which an
-	// authentication interceptor listed before this one (or HTTP middleware
-	// in front of the handler) sets; without either, every client shares
-	// one namespace.
-	//
-	// Set one whenever more than one client can reach the service: keys are
-	// chosen by clients and may leak or be guessed, so the scope, not the
-	// key's randomness, keeps one caller from receiving another's stored
-	// response. An error from Scope is answered UNAUTHENTICATED
-	// (ReasonUnauthenticated) and the handler does not run.
+	// Scope names the key's scope for a call: the authenticated principal.
+	// Required unless SharedKeys is set; ContextScope reads the scope an
+	// authentication interceptor listed before this one (or HTTP
+	// middleware in front of the handler) put in the context. A call
+	// without a principal is answered unauthenticated.
 	Scope func(ctx context.Context) (string, error)
 
-	// Fingerprint replaces the function that fingerprints a request: the
-	// same key with another fingerprint is answered FAILED_PRECONDITION
-	// (ReasonKeyMismatch). The result must be 1 to 255 bytes without
-	// control characters. An error is answered INVALID_ARGUMENT
-	// (ReasonInvalidRequest). Defaults to DefaultFingerprint.
+	// SharedKeys, set, makes every client share one key space: any client
+	// that sends another client's key with the same request receives that
+	// client's stored answer. An error together with Scope.
+	SharedKeys bool
+
+	// Fingerprint replaces DefaultFingerprint.
 	Fingerprint func(procedure string, req proto.Message) (string, error)
 
-	// MaxResponseBytes bounds the stored reply (the encoded response or
-	// error status). A handler whose answer is larger is answered INTERNAL
-	// (ReasonResponseTooLarge): its writes roll back and nothing is stored.
-	// Defaults to DefaultMaxResponseBytes (1 MiB); must not be negative.
+	// MaxResponseBytes bounds the stored reply. Defaults to
+	// DefaultMaxResponseBytes.
 	MaxResponseBytes int
 
 	// StoreCode decides which error codes of the handler are stored and
-	// replayed, with the full status (message and details): the handler's
-	// writes roll back and the key keeps the status, which every retry
-	// receives again. An error whose code is not stored rolls everything
-	// back and frees the key, so a retry runs the handler again. Responses
-	// (OK) are always stored. Defaults to DefaultStoreCode.
+	// replayed. Defaults to DefaultStoreCode.
 	StoreCode func(connect.Code) bool
 
-	// RetryDelay is the delay of the RetryInfo detail sent with ABORTED
-	// (key in progress) and UNAVAILABLE answers of the interceptor's own.
-	// Defaults to DefaultRetryDelay (1s); must not be negative.
+	// RetryDelay is the delay of the RetryInfo detail. Defaults to
+	// DefaultRetryDelay.
 	RetryDelay time.Duration
 
-	// ErrorDomain is the domain of the ErrorInfo detail of the interceptor's
-	// own answers. Defaults to the full name of the called procedure's service
-	// ("idem.example.charge.v1.ChargeService").
+	// ErrorDomain is the domain of the ErrorInfo detail. Defaults to the
+	// called procedure's service.
 	ErrorDomain string
 
-	// Wait makes a call whose key is in progress wait up to Wait for the
-	// first call to finish and then receive its answer, instead of ABORTED
-	// at once (idem.WithWait). Defaults to 0.
+	// Wait is how long a call whose key is in progress waits for the first
+	// call's answer. Defaults to 0: aborted at once.
 	Wait time.Duration
 
 	// TxOptions sets the isolation and deferrable modes of the call's
-	// transaction, with or without a key (idem.WithTxOptions). Defaults to
-	// the server's default.
+	// transaction. Defaults to the server's default.
 	TxOptions pgx.TxOptions
 
-	// Observer, if set, is told about every covered call with a key, and
-	// about calls refused before any database work (idem.OutcomeInvalid).
-	// It replaces the idem Client's Config.Observer for these calls.
-	// Defaults to the Client's.
+	// Observer replaces the idem Client's Config.Observer for these calls.
 	Observer idem.Observer
 
-	// Logger receives every UNAVAILABLE and INTERNAL answer of the
-	// interceptor's own with its cause, which the client never sees.
-	// Defaults to slog.Default() unless OnError is set.
+	// Logger receives every unavailable and internal answer of the
+	// interceptor's own with its cause. Defaults to slog.Default() unless
+	// OnError is set.
 	Logger *slog.Logger
 
-	// OnError, if set, is called with every UNAVAILABLE and INTERNAL answer
-	// of the interceptor's own and its cause: for error trackers.
+	// OnError, if set, is called with every unavailable and internal
+	// answer of the interceptor's own, as the *connect.Error the client
+	// receives, and its cause.
 	OnError func(ctx context.Context, procedure string, err *connect.Error, cause error)
 }
 
-// DefaultStoreCode is the storing rule when Config.StoreCode is not set.
-// Stored and replayed, because they report the outcome of an operation
-// that ran and a retry would meet the same state: NOT_FOUND,
-// ALREADY_EXISTS, FAILED_PRECONDITION and OUT_OF_RANGE. Not stored, so the
-// key stays free and a retry runs the handler: every other code. That is
-// INVALID_ARGUMENT (validation: fix the request and retry with the same
-// key), UNAUTHENTICATED and PERMISSION_DENIED (credentials and permissions
-// change), and the codes of passing or unknown failures: CANCELED,
-// UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, UNIMPLEMENTED,
-// INTERNAL, UNAVAILABLE and DATA_LOSS. It follows idemhttp.DefaultStoreStatus and
-// idemgrpc.DefaultStoreCode.
+// DefaultStoreCode is the storing rule when Config.StoreCode is not set:
+// idemgrpc.DefaultStoreCode's. Stored: not_found, already_exists,
+// failed_precondition and out_of_range; every other code is not.
 func DefaultStoreCode(c connect.Code) bool { return unary.DefaultStore(int32(c)) }
 
 // DefaultFingerprint is the request fingerprint when Config.Fingerprint is
-// not set: the hex SHA-256 of the procedure and the request's
-// deterministic protobuf encoding (proto.MarshalOptions{Deterministic:
-// true}).
-//
-// The server computes it from the request as it parsed it, so the client's
-// language and library do not matter. Deterministic encoding is not
-// canonical, though: it is stable within one build of the server, and may
-// change with the version of google.golang.org/protobuf or with the schema
-// (a field added to the request, fields unknown to the server, which are
-// hashed as the bytes the client sent). A change during a key's lifetime
-// can turn a faithful retry into a mismatch, never a different request
-// into a replay.
+// not set: idemgrpc.DefaultFingerprint's, which documents its stability.
+// A call served by either package fingerprints alike.
 func DefaultFingerprint(procedure string, req proto.Message) (string, error) {
 	return unary.Fingerprint(procedure, req)
 }
@@ -216,6 +149,7 @@ func (cfg *Config) unary() unary.Config {
 		Package:          "idemconnect",
 		Methods:          make(map[string]unary.MethodConfig, len(cfg.Methods)),
 		Scope:            cfg.Scope,
+		SharedKeys:       cfg.SharedKeys,
 		Fingerprint:      cfg.Fingerprint,
 		MaxResponseBytes: cfg.MaxResponseBytes,
 		RetryDelay:       cfg.RetryDelay,

@@ -16,3 +16,11 @@ import (
 //
 // Tx also finds the transaction of a call served by idemgrpc.
 func Tx(ctx context.Context) pgx.Tx { return unary.Tx(ctx) }
+
+// ContextScope is a Config.Scope function that returns the scope an
+// authentication interceptor listed before this one (or HTTP middleware in
+// front of the handler) put in the call's context with
+// idem.ContextWithScope. A call whose context carries none has no
+// principal: it is answered unauthenticated (ReasonUnauthenticated) and the
+// handler does not run.
+func ContextScope(ctx context.Context) (string, error) { return unary.ContextScope(ctx) }

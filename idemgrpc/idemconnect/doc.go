@@ -8,13 +8,19 @@
 // gRPC-Web protocols alike.
 //
 // The key comes from the Idempotency-Key header or, per procedure, from a
-// request field such as AIP-155's request_id. Calls are scoped per
-// authenticated caller (idem.ContextWithScope, or Config.Scope).
+// request field such as AIP-155's request_id. Keys are scoped by the
+// authenticated caller, so one caller's key never replays another's answer:
+// the interceptor requires Config.Scope (ContextScope reads the scope an
+// authentication interceptor put in the context with
+// idem.ContextWithScope), and refuses a keyed call without a principal.
+// Only Config.SharedKeys, an explicit opt-in, puts every client in one key
+// space.
 //
 //	intercept, err := idemconnect.NewInterceptor(keys, &idemconnect.Config{
 //		Methods: map[string]idemconnect.Method{
 //			chargev1connect.ChargeServiceChargeProcedure: {KeyField: "request_id"},
 //		},
+//		Scope: idemconnect.ContextScope, // set by auth
 //	})
 //	path, handler := chargev1connect.NewChargeServiceHandler(svc,
 //		connect.WithInterceptors(auth, intercept))
@@ -28,6 +34,13 @@
 //		}
 //		...
 //	}
+//
+// A handler's error reaches the client as Connect sends it by default: its
+// code, its details, and its message, which is the raw text of the error
+// the handler returned (a *connect.Error's underlying error, or any other
+// error's Error(), sent as unknown). A stored error is replayed to every
+// retry with that same text. Return errors whose text is fit for the
+// client, never a database error's or a wrapped cause's.
 //
 // The package imports connectrpc.com/connect and not google.golang.org/grpc:
 // a Connect service builds no gRPC. Streaming procedures pass through

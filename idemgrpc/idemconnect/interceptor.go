@@ -24,8 +24,9 @@ var _ connect.Interceptor = (*Interceptor)(nil)
 
 // NewInterceptor returns the interceptor on db (an *idem.Client, whose
 // Config the keys use, or a pool) with cfg. It checks cfg once; an invalid
-// setting, an unknown or streaming procedure, or a KeyField that is not a
-// string field is an error wrapping idem.ErrInvalidOption.
+// setting, an unknown or streaming procedure, a KeyField that is not a
+// string field, a nil db (typed nil included) and a cfg without Scope or
+// SharedKeys are errors wrapping idem.ErrInvalidOption.
 //
 // On a covered procedure with a key, the interceptor fingerprints the
 // request and runs the handler inside idem.Run: the handler finds the
@@ -51,7 +52,7 @@ var _ connect.Interceptor = (*Interceptor)(nil)
 //	the first call with the key still runs  aborted + RetryInfo  ReasonInProgress
 //	connection lost during COMMIT           unavailable + RetryInfo  ReasonOutcomeUnknown
 //	database unavailable, nothing stored    unavailable + RetryInfo  ReasonUnavailable
-//	Config.Scope failed                     unauthenticated      ReasonUnauthenticated
+//	no principal (Config.Scope failed)      unauthenticated      ReasonUnauthenticated
 //	answer over MaxResponseBytes            internal             ReasonResponseTooLarge
 //
 // These are the codes idemgrpc answers, for the same reasons (see

@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/oapi-codegen/runtime"
+	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
 // Defines values for BodyTooLargeProblemStatus.
@@ -179,36 +180,6 @@ const (
 func (e KeyMismatchProblemType) Valid() bool {
 	switch e {
 	case ProblemskeyMismatch:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for NoMetricsProblemStatus.
-const (
-	NoMetricsProblemStatusN404 NoMetricsProblemStatus = 404
-)
-
-// Valid indicates whether the value is a known member of the NoMetricsProblemStatus enum.
-func (e NoMetricsProblemStatus) Valid() bool {
-	switch e {
-	case NoMetricsProblemStatusN404:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for NoMetricsProblemType.
-const (
-	NoMetricsProblemTypeAboutBlank NoMetricsProblemType = "about:blank"
-)
-
-// Valid indicates whether the value is a known member of the NoMetricsProblemType enum.
-func (e NoMetricsProblemType) Valid() bool {
-	switch e {
-	case NoMetricsProblemTypeAboutBlank:
 		return true
 	default:
 		return false
@@ -428,6 +399,36 @@ func (e PaymentsInvalidRequestProblemType) Valid() bool {
 	}
 }
 
+// Defines values for TooManyRequestsProblemStatus.
+const (
+	N429 TooManyRequestsProblemStatus = 429
+)
+
+// Valid indicates whether the value is a known member of the TooManyRequestsProblemStatus enum.
+func (e TooManyRequestsProblemStatus) Valid() bool {
+	switch e {
+	case N429:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TooManyRequestsProblemType.
+const (
+	ProblemspaymentstooManyRequests TooManyRequestsProblemType = "/problems/payments/too-many-requests"
+)
+
+// Valid indicates whether the value is a known member of the TooManyRequestsProblemType enum.
+func (e TooManyRequestsProblemType) Valid() bool {
+	switch e {
+	case ProblemspaymentstooManyRequests:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for UnauthorizedProblemStatus.
 const (
 	N401 UnauthorizedProblemStatus = 401
@@ -491,9 +492,9 @@ func (e UnavailableProblemType) Valid() bool {
 // Account defines model for Account.
 type Account struct {
 	// Balance In cents.
-	Balance int64  `json:"balance"`
-	Id      int64  `json:"id"`
-	Owner   string `json:"owner"`
+	Balance int64              `json:"balance"`
+	Id      openapi_types.UUID `json:"id"`
+	Owner   string             `json:"owner"`
 }
 
 // AccountCreated defines model for AccountCreated.
@@ -503,9 +504,9 @@ type AccountCreated struct {
 	ApiKey string `json:"api_key"`
 
 	// Balance In cents.
-	Balance int64  `json:"balance"`
-	Id      int64  `json:"id"`
-	Owner   string `json:"owner"`
+	Balance int64              `json:"balance"`
+	Id      openapi_types.UUID `json:"id"`
+	Owner   string             `json:"owner"`
 }
 
 // BodyTooLargeProblem defines model for BodyTooLargeProblem.
@@ -529,9 +530,6 @@ type BodyTooLargeProblemType string
 
 // CreateAccountRequest defines model for CreateAccountRequest.
 type CreateAccountRequest struct {
-	// Balance The opening balance, in cents.
-	Balance int64 `json:"balance"`
-
 	// Owner The account holder: 1 to 200 bytes of UTF-8 without control
 	// characters, not only white space.
 	Owner string `json:"owner"`
@@ -641,25 +639,6 @@ type KeyMismatchProblemStatus int
 // KeyMismatchProblemType defines model for KeyMismatchProblem.Type.
 type KeyMismatchProblemType string
 
-// NoMetricsProblem defines model for NoMetricsProblem.
-type NoMetricsProblem struct {
-	// Detail A human-readable explanation of this occurrence. It never
-	// repeats client input.
-	Detail   *string                `json:"detail,omitempty"`
-	Instance *string                `json:"instance,omitempty"`
-	Status   NoMetricsProblemStatus `json:"status"`
-
-	// Title A short, human-readable summary of the problem type.
-	Title string               `json:"title"`
-	Type  NoMetricsProblemType `json:"type"`
-}
-
-// NoMetricsProblemStatus defines model for NoMetricsProblem.Status.
-type NoMetricsProblemStatus int
-
-// NoMetricsProblemType defines model for NoMetricsProblem.Type.
-type NoMetricsProblemType string
-
 // NoSuchAccountProblem defines model for NoSuchAccountProblem.
 type NoSuchAccountProblem struct {
 	// Detail A human-readable explanation of this occurrence. It never
@@ -700,14 +679,14 @@ type NoSuchPaymentProblemType string
 
 // Payment defines model for Payment.
 type Payment struct {
-	AccountId int64 `json:"account_id"`
+	AccountId openapi_types.UUID `json:"account_id"`
 
 	// Amount In cents.
 	Amount int64 `json:"amount"`
 
 	// Balance The account's balance right after the charge, in cents.
-	Balance int64 `json:"balance"`
-	Id      int64 `json:"id"`
+	Balance int64              `json:"balance"`
+	Id      openapi_types.UUID `json:"id"`
 }
 
 // PaymentBadRequestProblem defines model for PaymentBadRequestProblem.
@@ -732,7 +711,7 @@ type PaymentBadRequestProblemType string
 // PaymentRequest defines model for PaymentRequest.
 type PaymentRequest struct {
 	// AccountId The API key's own account.
-	AccountId int64 `json:"account_id"`
+	AccountId openapi_types.UUID `json:"account_id"`
 
 	// Amount In cents.
 	Amount   int64                  `json:"amount"`
@@ -763,11 +742,11 @@ type PaymentServerErrorProblemType string
 
 // PaymentStatus defines model for PaymentStatus.
 type PaymentStatus struct {
-	AccountId int64 `json:"account_id"`
+	AccountId openapi_types.UUID `json:"account_id"`
 
 	// Amount In cents.
-	Amount int64 `json:"amount"`
-	Id     int64 `json:"id"`
+	Amount int64              `json:"amount"`
+	Id     openapi_types.UUID `json:"id"`
 
 	// ProcessorId The processor's charge, once settled; null before.
 	ProcessorId *string `json:"processor_id"`
@@ -832,6 +811,25 @@ type Problem struct {
 	// resolved against the service's URL.
 	Type string `json:"type"`
 }
+
+// TooManyRequestsProblem defines model for TooManyRequestsProblem.
+type TooManyRequestsProblem struct {
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                      `json:"detail,omitempty"`
+	Instance *string                      `json:"instance,omitempty"`
+	Status   TooManyRequestsProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string                     `json:"title"`
+	Type  TooManyRequestsProblemType `json:"type"`
+}
+
+// TooManyRequestsProblemStatus defines model for TooManyRequestsProblem.Status.
+type TooManyRequestsProblemStatus int
+
+// TooManyRequestsProblemType defines model for TooManyRequestsProblem.Type.
+type TooManyRequestsProblemType string
 
 // UnauthorizedProblem defines model for UnauthorizedProblem.
 type UnauthorizedProblem struct {
@@ -994,8 +992,9 @@ type ClientInterface interface {
 
 	// CreateAccountWithBody Sign up; answers the account and its API key.
 	//
-	// Opens an account with an opening balance and answers it with its
-	// API key. The key is shown only in this answer: the service keeps
+	// Opens an account with the opening balance every account gets
+	// (100,000.00 USD), and answers it with its API key; a body that
+	// names a balance is refused (400). The key is shown only in this answer: the service keeps
 	// only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 	// a secret, which must be neither stored under an Idempotency-Key nor
 	// replayed (the header is ignored), so a retried sign-up opens
@@ -1008,8 +1007,9 @@ type ClientInterface interface {
 
 	// CreateAccount Sign up; answers the account and its API key.
 	//
-	// Opens an account with an opening balance and answers it with its
-	// API key. The key is shown only in this answer: the service keeps
+	// Opens an account with the opening balance every account gets
+	// (100,000.00 USD), and answers it with its API key; a body that
+	// names a balance is refused (400). The key is shown only in this answer: the service keeps
 	// only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 	// a secret, which must be neither stored under an Idempotency-Key nor
 	// replayed (the header is ignored), so a retried sign-up opens
@@ -1023,29 +1023,12 @@ type ClientInterface interface {
 	// GetAccount The API key's own account.
 	//
 	// Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
-	GetAccount(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetAccount(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetHealth Whether the service can reach its database.
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetMetrics The service's metrics, for Prometheus.
-	//
-	// The Prometheus text exposition format (version 0.0.4, names
-	// escaped with underscores; a scraper may ask for another format with
-	// `Accept`). Among them, from idem's OpenTelemetry observer
-	// (idemotel): `idem_calls_total`, every request under the
-	// Idempotency-Key handling by `idem_outcome` (`executed`,
-	// `replayed`, `in_progress`, ...) and `http_response_status_code`;
-	// `idem_duration_seconds`; and the key table's gauges
-	// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
-	// `idem_table_size_bytes`). Counters start at zero when the service
-	// starts. The metrics hold counts only: never an API key, an
-	// Idempotency-Key or an account.
-	//
-	// Corresponds with GET /metrics (the `GetMetrics` operationId).
-	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOpenAPI This document, with every reference resolved.
 	//
@@ -1088,13 +1071,14 @@ type ClientInterface interface {
 	// without a processor never settles (`settled` stays false).
 	//
 	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-	GetPayment(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetPayment(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // CreateAccountWithBody Sign up; answers the account and its API key.
 //
-// Opens an account with an opening balance and answers it with its
-// API key. The key is shown only in this answer: the service keeps
+// Opens an account with the opening balance every account gets
+// (100,000.00 USD), and answers it with its API key; a body that
+// names a balance is refused (400). The key is shown only in this answer: the service keeps
 // only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 // a secret, which must be neither stored under an Idempotency-Key nor
 // replayed (the header is ignored), so a retried sign-up opens
@@ -1117,8 +1101,9 @@ func (c *Client) CreateAccountWithBody(ctx context.Context, contentType string, 
 
 // CreateAccount Sign up; answers the account and its API key.
 //
-// Opens an account with an opening balance and answers it with its
-// API key. The key is shown only in this answer: the service keeps
+// Opens an account with the opening balance every account gets
+// (100,000.00 USD), and answers it with its API key; a body that
+// names a balance is refused (400). The key is shown only in this answer: the service keeps
 // only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 // a secret, which must be neither stored under an Idempotency-Key nor
 // replayed (the header is ignored), so a retried sign-up opens
@@ -1142,7 +1127,7 @@ func (c *Client) CreateAccount(ctx context.Context, body CreateAccountJSONReques
 // GetAccount The API key's own account.
 //
 // Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
-func (c *Client) GetAccount(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *Client) GetAccount(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetAccountRequest(c.Server, id)
 	if err != nil {
 		return nil, err
@@ -1159,33 +1144,6 @@ func (c *Client) GetAccount(ctx context.Context, id int64, reqEditors ...Request
 // Corresponds with GET /healthz (the `GetHealth` operationId).
 func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetHealthRequest(c.Server)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetMetrics The service's metrics, for Prometheus.
-//
-// The Prometheus text exposition format (version 0.0.4, names
-// escaped with underscores; a scraper may ask for another format with
-// `Accept`). Among them, from idem's OpenTelemetry observer
-// (idemotel): `idem_calls_total`, every request under the
-// Idempotency-Key handling by `idem_outcome` (`executed`,
-// `replayed`, `in_progress`, ...) and `http_response_status_code`;
-// `idem_duration_seconds`; and the key table's gauges
-// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
-// `idem_table_size_bytes`). Counters start at zero when the service
-// starts. The metrics hold counts only: never an API key, an
-// Idempotency-Key or an account.
-//
-// Corresponds with GET /metrics (the `GetMetrics` operationId).
-func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetMetricsRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1267,7 +1225,7 @@ func (c *Client) CreatePayment(ctx context.Context, params *CreatePaymentParams,
 // without a processor never settles (`settled` stays false).
 //
 // Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-func (c *Client) GetPayment(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *Client) GetPayment(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetPaymentRequest(c.Server, id)
 	if err != nil {
 		return nil, err
@@ -1320,12 +1278,12 @@ func NewCreateAccountRequestWithBody(server string, contentType string, body io.
 }
 
 // NewGetAccountRequest constructs an http.Request for the GetAccount method
-func NewGetAccountRequest(server string, id int64) (*http.Request, error) {
+func NewGetAccountRequest(server string, id openapi_types.UUID) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: "int64"})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -1363,33 +1321,6 @@ func NewGetHealthRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/healthz")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	return req, nil
-}
-
-// NewGetMetricsRequest constructs an http.Request for the GetMetrics method
-func NewGetMetricsRequest(server string) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/metrics")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -1488,12 +1419,12 @@ func NewCreatePaymentRequestWithBody(server string, params *CreatePaymentParams,
 }
 
 // NewGetPaymentRequest constructs an http.Request for the GetPayment method
-func NewGetPaymentRequest(server string, id int64) (*http.Request, error) {
+func NewGetPaymentRequest(server string, id openapi_types.UUID) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
 
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "integer", Format: "int64"})
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
 	if err != nil {
 		return nil, err
 	}
@@ -1567,8 +1498,9 @@ type ClientWithResponsesInterface interface {
 
 	// CreateAccountWithBodyWithResponse Sign up; answers the account and its API key.
 	//
-	// Opens an account with an opening balance and answers it with its
-	// API key. The key is shown only in this answer: the service keeps
+	// Opens an account with the opening balance every account gets
+	// (100,000.00 USD), and answers it with its API key; a body that
+	// names a balance is refused (400). The key is shown only in this answer: the service keeps
 	// only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 	// a secret, which must be neither stored under an Idempotency-Key nor
 	// replayed (the header is ignored), so a retried sign-up opens
@@ -1581,8 +1513,9 @@ type ClientWithResponsesInterface interface {
 
 	// CreateAccountWithResponse Sign up; answers the account and its API key.
 	//
-	// Opens an account with an opening balance and answers it with its
-	// API key. The key is shown only in this answer: the service keeps
+	// Opens an account with the opening balance every account gets
+	// (100,000.00 USD), and answers it with its API key; a body that
+	// names a balance is refused (400). The key is shown only in this answer: the service keeps
 	// only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 	// a secret, which must be neither stored under an Idempotency-Key nor
 	// replayed (the header is ignored), so a retried sign-up opens
@@ -1598,7 +1531,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
-	GetAccountWithResponse(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*GetAccountResponse, error)
+	GetAccountWithResponse(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*GetAccountResponse, error)
 
 	// GetHealthWithResponse Whether the service can reach its database.
 	//
@@ -1606,25 +1539,6 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
-
-	// GetMetricsWithResponse The service's metrics, for Prometheus.
-	//
-	// The Prometheus text exposition format (version 0.0.4, names
-	// escaped with underscores; a scraper may ask for another format with
-	// `Accept`). Among them, from idem's OpenTelemetry observer
-	// (idemotel): `idem_calls_total`, every request under the
-	// Idempotency-Key handling by `idem_outcome` (`executed`,
-	// `replayed`, `in_progress`, ...) and `http_response_status_code`;
-	// `idem_duration_seconds`; and the key table's gauges
-	// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
-	// `idem_table_size_bytes`). Counters start at zero when the service
-	// starts. The metrics hold counts only: never an API key, an
-	// Idempotency-Key or an account.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with GET /metrics (the `GetMetrics` operationId).
-	GetMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error)
 
 	// GetOpenAPIWithResponse This document, with every reference resolved.
 	//
@@ -1671,7 +1585,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-	GetPaymentWithResponse(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
+	GetPaymentWithResponse(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error)
 }
 
 // CreateAccountResponse201Headers the declared response headers of an HTTP 201 response for CreateAccount
@@ -1896,47 +1810,6 @@ func (r GetHealthResponse) ContentType() string {
 	return ""
 }
 
-type GetMetricsResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NoMetricsProblem
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetMetricsResponse) GetApplicationproblemJSON404() *NoMetricsProblem {
-	return r.ApplicationproblemJSON404
-}
-
-// GetBody returns the raw response body bytes
-func (r GetMetricsResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r GetMetricsResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r GetMetricsResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetMetricsResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
 type GetOpenAPIResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -1993,13 +1866,13 @@ type CreatePaymentResponse402Headers struct {
 	IdempotentReplayed *string
 }
 
-// CreatePaymentResponse404Headers the declared response headers of an HTTP 404 response for CreatePayment
-type CreatePaymentResponse404Headers struct {
-	IdempotentReplayed *string
-}
-
 // CreatePaymentResponse409Headers the declared response headers of an HTTP 409 response for CreatePayment
 type CreatePaymentResponse409Headers struct {
+	RetryAfter int
+}
+
+// CreatePaymentResponse429Headers the declared response headers of an HTTP 429 response for CreatePayment
+type CreatePaymentResponse429Headers struct {
 	RetryAfter int
 }
 
@@ -2027,6 +1900,8 @@ type CreatePaymentResponse struct {
 	ApplicationproblemJSON413 *BodyTooLarge
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *KeyMismatch
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequestsProblem
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *PaymentServerErrorProblem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -2037,10 +1912,10 @@ type CreatePaymentResponse struct {
 	Headers401 *CreatePaymentResponse401Headers
 	// Headers402 the parsed response headers for an HTTP 402 response
 	Headers402 *CreatePaymentResponse402Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *CreatePaymentResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreatePaymentResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreatePaymentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreatePaymentResponse503Headers
 }
@@ -2083,6 +1958,11 @@ func (r CreatePaymentResponse) GetApplicationproblemJSON413() *BodyTooLarge {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreatePaymentResponse) GetApplicationproblemJSON422() *KeyMismatch {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreatePaymentResponse) GetApplicationproblemJSON429() *TooManyRequestsProblem {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -2209,8 +2089,9 @@ func (r GetPaymentResponse) ContentType() string {
 
 // CreateAccountWithBodyWithResponse Sign up; answers the account and its API key.
 //
-// Opens an account with an opening balance and answers it with its
-// API key. The key is shown only in this answer: the service keeps
+// Opens an account with the opening balance every account gets
+// (100,000.00 USD), and answers it with its API key; a body that
+// names a balance is refused (400). The key is shown only in this answer: the service keeps
 // only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 // a secret, which must be neither stored under an Idempotency-Key nor
 // replayed (the header is ignored), so a retried sign-up opens
@@ -2229,8 +2110,9 @@ func (c *ClientWithResponses) CreateAccountWithBodyWithResponse(ctx context.Cont
 
 // CreateAccountWithResponse Sign up; answers the account and its API key.
 //
-// Opens an account with an opening balance and answers it with its
-// API key. The key is shown only in this answer: the service keeps
+// Opens an account with the opening balance every account gets
+// (100,000.00 USD), and answers it with its API key; a body that
+// names a balance is refused (400). The key is shown only in this answer: the service keeps
 // only its SHA-256 hash. Sign-up is not idempotent: its answer holds
 // a secret, which must be neither stored under an Idempotency-Key nor
 // replayed (the header is ignored), so a retried sign-up opens
@@ -2252,7 +2134,7 @@ func (c *ClientWithResponses) CreateAccountWithResponse(ctx context.Context, bod
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
-func (c *ClientWithResponses) GetAccountWithResponse(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*GetAccountResponse, error) {
+func (c *ClientWithResponses) GetAccountWithResponse(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*GetAccountResponse, error) {
 	rsp, err := c.GetAccount(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
@@ -2271,31 +2153,6 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 		return nil, err
 	}
 	return ParseGetHealthResponse(rsp)
-}
-
-// GetMetricsWithResponse The service's metrics, for Prometheus.
-//
-// The Prometheus text exposition format (version 0.0.4, names
-// escaped with underscores; a scraper may ask for another format with
-// `Accept`). Among them, from idem's OpenTelemetry observer
-// (idemotel): `idem_calls_total`, every request under the
-// Idempotency-Key handling by `idem_outcome` (`executed`,
-// `replayed`, `in_progress`, ...) and `http_response_status_code`;
-// `idem_duration_seconds`; and the key table's gauges
-// (`idem_key_count`, `idem_key_in_progress_max_age_seconds`,
-// `idem_table_size_bytes`). Counters start at zero when the service
-// starts. The metrics hold counts only: never an API key, an
-// Idempotency-Key or an account.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with GET /metrics (the `GetMetrics` operationId).
-func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error) {
-	rsp, err := c.GetMetrics(ctx, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseGetMetricsResponse(rsp)
 }
 
 // GetOpenAPIWithResponse This document, with every reference resolved.
@@ -2361,7 +2218,7 @@ func (c *ClientWithResponses) CreatePaymentWithResponse(ctx context.Context, par
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /payments/{id} (the `GetPayment` operationId).
-func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id int64, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
+func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*GetPaymentResponse, error) {
 	rsp, err := c.GetPayment(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
@@ -2576,32 +2433,6 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 	return response, nil
 }
 
-// ParseGetMetricsResponse parses an HTTP response from a GetMetricsWithResponse call
-func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &GetMetricsResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NoMetricsProblem
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	}
-
-	return response, nil
-}
-
 // ParseGetOpenAPIResponse parses an HTTP response from a GetOpenAPIWithResponse call
 func ParseGetOpenAPIResponse(rsp *http.Response) (*GetOpenAPIResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -2698,6 +2529,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequestsProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest PaymentServerErrorProblem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2745,16 +2583,6 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			headers.IdempotentReplayed = &value
 		}
 		response.Headers402 = &headers
-	case rsp.StatusCode == 404:
-		var headers CreatePaymentResponse404Headers
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		response.Headers404 = &headers
 	case rsp.StatusCode == 409:
 		var headers CreatePaymentResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -2765,6 +2593,16 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			headers.RetryAfter = value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreatePaymentResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreatePaymentResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -2864,13 +2702,10 @@ type ServerInterface interface {
 	CreateAccount(w http.ResponseWriter, r *http.Request)
 	// GetAccount The API key's own account.
 	// (GET /accounts/{id})
-	GetAccount(w http.ResponseWriter, r *http.Request, id int64)
+	GetAccount(w http.ResponseWriter, r *http.Request, id openapi_types.UUID)
 	// GetHealth Whether the service can reach its database.
 	// (GET /healthz)
 	GetHealth(w http.ResponseWriter, r *http.Request)
-	// GetMetrics The service's metrics, for Prometheus.
-	// (GET /metrics)
-	GetMetrics(w http.ResponseWriter, r *http.Request)
 	// GetOpenAPI This document, with every reference resolved.
 	// (GET /openapi.yaml)
 	GetOpenAPI(w http.ResponseWriter, r *http.Request)
@@ -2879,7 +2714,7 @@ type ServerInterface interface {
 	CreatePayment(w http.ResponseWriter, r *http.Request, params CreatePaymentParams)
 	// GetPayment One of the API key's payments, and whether it is settled.
 	// (GET /payments/{id})
-	GetPayment(w http.ResponseWriter, r *http.Request, id int64)
+	GetPayment(w http.ResponseWriter, r *http.Request, id openapi_types.UUID)
 }
 
 // ServerInterfaceWrapper converts contexts to parameters.
@@ -2912,9 +2747,9 @@ func (siw *ServerInterfaceWrapper) GetAccount(w http.ResponseWriter, r *http.Req
 	_ = err
 
 	// ------------- Path parameter "id" -------------
-	var id int64
+	var id openapi_types.UUID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "int64", ValueIsUnescaped: true})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: true})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -2936,20 +2771,6 @@ func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetHealth(w, r)
-	}))
-
-	for _, middleware := range siw.HandlerMiddlewares {
-		handler = middleware(handler)
-	}
-
-	handler.ServeHTTP(w, r)
-}
-
-// GetMetrics operation middleware
-func (siw *ServerInterfaceWrapper) GetMetrics(w http.ResponseWriter, r *http.Request) {
-
-	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.GetMetrics(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -3025,9 +2846,9 @@ func (siw *ServerInterfaceWrapper) GetPayment(w http.ResponseWriter, r *http.Req
 	_ = err
 
 	// ------------- Path parameter "id" -------------
-	var id int64
+	var id openapi_types.UUID
 
-	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "integer", Format: "int64", ValueIsUnescaped: true})
+	err = runtime.BindStyledParameterWithOptions("simple", "id", r.PathValue("id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: true})
 	if err != nil {
 		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
 		return
@@ -3166,7 +2987,6 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/healthz", wrapper.GetHealth)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/openapi.yaml", wrapper.GetOpenAPI)
-	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/metrics", wrapper.GetMetrics)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/accounts", wrapper.CreateAccount)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/accounts/{id}", wrapper.GetAccount)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/payments", wrapper.CreatePayment)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemhq/idem/payments_example/api"
@@ -78,7 +79,7 @@ type result struct {
 // payAll sends every payment of plan from workers goroutines through client
 // and returns what each came to, counting the payments answered in
 // answered as it goes.
-func payAll(ctx context.Context, client *api.ClientWithResponses, accountID int64, plan []payment, workers int, answered *atomic.Int64) []result {
+func payAll(ctx context.Context, client *api.ClientWithResponses, accountID uuid.UUID, plan []payment, workers int, answered *atomic.Int64) []result {
 	results := make([]result, len(plan))
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -101,7 +102,7 @@ func payAll(ctx context.Context, client *api.ClientWithResponses, accountID int6
 // pay makes one payment. The retries happen underneath, in the retrying
 // client, which resends the same request: the same Idempotency-Key, the
 // same body.
-func pay(ctx context.Context, client *api.ClientWithResponses, accountID int64, p payment) (api.Payment, error) {
+func pay(ctx context.Context, client *api.ClientWithResponses, accountID uuid.UUID, p payment) (api.Payment, error) {
 	res, err := client.CreatePaymentWithResponse(ctx,
 		&api.CreatePaymentParams{IdempotencyKey: p.key},
 		api.CreatePaymentJSONRequestBody{AccountId: accountID, Amount: p.amount, Currency: api.USD})

@@ -17,7 +17,7 @@
 // calls the processor inside the request with a new key per attempt, and
 // shows how much money the retries charged twice, in the service and at
 // the processor. Last, it prints what the service with idem counted itself,
-// read from its GET /metrics before it was stopped: idem_calls_total by
+// read from its GET /metrics (on its internal listener) before it was stopped: idem_calls_total by
 // outcome and HTTP status since its restart, and whether its replays are
 // the replays the proxy relayed from it.
 //
@@ -30,7 +30,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -59,11 +58,11 @@ const (
 	paymentCount   = 300
 	workers        = 8
 	lossRate       = 0.30
-	seed           = 2026       // fixes the keys, the amounts and which answers are lost
-	openingBalance = 100_000_00 // cents: 100,000.00 USD, enough for every charge twice over
-	processorFail  = 0.10       // the processor's calls answered 503 before charging
-	processorLose  = 0.20       // the processor's answers lost after charging
-	killAt         = 0.5        // the service is killed once this share of the payments is answered
+	seed           = 2026                    // fixes the keys, the amounts and which answers are lost
+	openingBalance = payments.OpeningBalance // every account's: 100,000.00 USD, enough for every charge twice over
+	processorFail  = 0.10                    // the processor's calls answered 503 before charging
+	processorLose  = 0.20                    // the processor's answers lost after charging
+	killAt         = 0.5                     // the service is killed once this share of the payments is answered
 	settleBound    = 60 * time.Second
 	timeLimit      = 4 * time.Minute
 )
@@ -209,7 +208,21 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		return outcome{}, err
 	}
 	defer stopProcessor()
-	svc, err := newChild(ctx, h.dir, bin, []string{"-processor", processorURL}, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=")
+	args := []string{"-processor", processorURL}
+	var metricsURL string
+	if async {
+		// The service with idem: its metrics on a loopback port of their
+		// own, and a rate limit above the demo's pace. The demo is one
+		// client paying as fast as it can, to show retries, not the limit
+		// (TestRateLimit shows that).
+		metricsAddr, err := freeAddr(ctx)
+		if err != nil {
+			return outcome{}, err
+		}
+		metricsURL = "http://" + metricsAddr + "/metrics"
+		args = append(args, "-metrics-addr", metricsAddr, "-payment-rate", "100000", "-payment-burst", "100000")
+	}
+	svc, err := newChild(ctx, h.dir, bin, args, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=", "METRICS_ADDR=")
 	if err != nil {
 		return outcome{}, err
 	}
@@ -239,7 +252,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	if err != nil {
 		return outcome{}, err
 	}
-	created, err := signUp.CreateAccountWithResponse(ctx, api.CreateAccountJSONRequestBody{Owner: "demo", Balance: openingBalance})
+	created, err := signUp.CreateAccountWithResponse(ctx, api.CreateAccountJSONRequestBody{Owner: "demo"})
 	if err != nil {
 		return outcome{}, err
 	}
@@ -277,7 +290,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	}
 
 	o := outcome{sent: len(h.plan), expected: openingBalance, kills: 1}
-	var ids []int64
+	var ids []uuid.UUID
 	for i, r := range results {
 		if r.err != nil {
 			o.failed = append(o.failed, r.err)
@@ -308,7 +321,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	if async {
 		// The service counts its calls too, from its start: these are the
 		// restarted run's.
-		if o.metrics, err = scrape(ctx, owner); err != nil {
+		if o.metrics, err = scrape(ctx, metricsURL); err != nil {
 			return outcome{}, err
 		}
 		o.replaysSinceRestart = proxy.replaysSinceRestart()
@@ -332,10 +345,10 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 // waitSettled asks GET /payments/{id} for every payment of ids until all
 // are settled, or until settleBound after lastAnswer, and returns how long
 // after lastAnswer they were (more than settleBound if they were not).
-func waitSettled(ctx context.Context, client *api.ClientWithResponses, ids []int64, lastAnswer time.Time) (time.Duration, error) {
+func waitSettled(ctx context.Context, client *api.ClientWithResponses, ids []uuid.UUID, lastAnswer time.Time) (time.Duration, error) {
 	pending := ids
 	for {
-		var still []int64
+		var still []uuid.UUID
 		for _, id := range pending {
 			res, err := client.GetPaymentWithResponse(ctx, id)
 			if err != nil {
@@ -403,17 +416,23 @@ func report(out io.Writer, with, without outcome) {
 	}
 }
 
-// scrape reads the service's GET /metrics and returns its idem calls by
-// outcome and HTTP status.
-func scrape(ctx context.Context, client *api.ClientWithResponses) ([]callmetrics.Count, error) {
-	res, err := client.GetMetricsWithResponse(ctx)
+// scrape reads the service's GET /metrics at url, on its internal
+// listener (no part of the API, so not through the generated client), and
+// returns its idem calls by outcome and HTTP status.
+func scrape(ctx context.Context, url string) ([]callmetrics.Count, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	if res.StatusCode() != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: status %d", res.StatusCode())
+	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return nil, err
 	}
-	return callmetrics.Read(bytes.NewReader(res.Body))
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: status %d", res.StatusCode)
+	}
+	return callmetrics.Read(res.Body)
 }
 
 // usd formats cents as "1,234.56 USD".

@@ -51,12 +51,10 @@ type child struct {
 // newChild prepares bin to run with args on a free loopback port, with
 // env added to the demo's environment; it prints to a file in dir.
 func newChild(ctx context.Context, dir, bin string, args []string, env ...string) (*child, error) {
-	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", "127.0.0.1:0")
+	addr, err := freeAddr(ctx)
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
 	return &child{
 		bin:     bin,
 		args:    append([]string{"-addr", addr}, args...),
@@ -64,6 +62,16 @@ func newChild(ctx context.Context, dir, bin string, args []string, env ...string
 		url:     "http://" + addr,
 		logPath: filepath.Join(dir, filepath.Base(bin)+".log"),
 	}, nil
+}
+
+// freeAddr returns a loopback address whose port was free a moment ago.
+func freeAddr(ctx context.Context) (string, error) {
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // start starts the process and waits until GET /healthz answers 200. The

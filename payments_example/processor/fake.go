@@ -13,6 +13,8 @@ import (
 	"slices"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // FakeConfig says how a Fake misbehaves. The zero value is a processor
@@ -139,8 +141,8 @@ func (f *Fake) charge(w http.ResponseWriter, r *http.Request) {
 	case dec.Decode(&c) != nil:
 		f.reject(w, http.StatusBadRequest, "the body is not a charge")
 		return
-	case c.PaymentID <= 0 || c.AccountID <= 0 || c.Amount <= 0 || c.Currency != "USD":
-		f.reject(w, http.StatusBadRequest, "payment_id, account_id and amount must be positive, currency USD")
+	case c.PaymentID == uuid.Nil || c.AccountID == uuid.Nil || c.Amount <= 0 || c.Currency != "USD":
+		f.reject(w, http.StatusBadRequest, "payment_id and account_id must be set, amount positive, currency USD")
 		return
 	}
 

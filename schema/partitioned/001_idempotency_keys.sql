@@ -2,7 +2,7 @@
 --
 -- The same columns as schema/001_idempotency_keys.sql, so idem.Do, Run, Wrap,
 -- idemhttp and replays work unchanged on it. Expired keys leave by whole
--- partitions (idem.Sweep drops a partition once every key in it has expired)
+-- partitions (Client.Sweep drops a partition once every key in it has expired)
 -- instead of by DELETE. docs/SCALING.md and the schema package's
 -- ApplyPartitioned describe the layout and its maintenance.
 --

@@ -4,14 +4,14 @@
 -- The DEFAULT partition takes any row no other partition takes: a claim
 -- never fails for want of a partition, even if no maintenance has run since
 -- this file was applied. Rows that land there are deleted in batches by
--- idem.Sweep, as on the plain table.
+-- Client.Sweep, as on the plain table.
 --
 -- Partitions cover [lo, lo + interval) on a grid of the interval counted from
 -- the Unix epoch (midnight UTC for a day), named <table>_pYYYYMMDD_HHMISS
 -- after lo in UTC. This file makes the one holding the present and the
 -- three after it, skipping any range that overlaps an existing partition or
 -- holds rows in the DEFAULT partition (PostgreSQL would refuse it). It is
--- also the maintenance step that idem.Sweep runs to keep partitions made
+-- also the maintenance step that Client.Sweep runs to keep partitions made
 -- ahead; from cron, `psql -f` it every interval or more often.
 --
 -- The interval is read from the setting idem.partition_interval when it is

@@ -35,6 +35,13 @@ const (
 // bank.failures is positive.
 const failAmount = 13
 
+// nulAmount makes Charge refuse, after writing, with FAILED_PRECONDITION
+// and nulMessage, whose U+0000 jsonb cannot hold.
+const (
+	nulAmount  = 17
+	nulMessage = "declined by the issuer:\x00 code 05"
+)
+
 // bank is the charge service of these tests, free of any transport: the
 // gRPC and Connect handlers both call its methods. Charge writes a charge
 // row and debits the account through the call's transaction, and answers:
@@ -68,7 +75,13 @@ func (e *rpcError) Error() string { return e.message }
 
 func newBank(t *testing.T) *bank {
 	t.Helper()
-	b := &bank{pool: testdb.New(t)}
+	return newBankOn(t, testdb.New(t))
+}
+
+// newBankOn returns the bank on pool, which must be on a new database.
+func newBankOn(t *testing.T, pool *pgxpool.Pool) *bank {
+	t.Helper()
+	b := &bank{pool: pool}
 	_, err := b.pool.Exec(context.Background(), `
 		create table accounts (id text primary key, balance bigint not null check (balance >= 0));
 		create table charges (
@@ -111,6 +124,9 @@ func (b *bank) Charge(ctx context.Context, req *chargev1.ChargeRequest) (*charge
 	}
 	if req.GetAmount() == failAmount && b.failures.Add(-1) >= 0 {
 		return nil, &rpcError{code: codeUnavailable, message: "the ledger is down"}
+	}
+	if req.GetAmount() == nulAmount {
+		return nil, &rpcError{code: codeFailedPrecondition, message: nulMessage}
 	}
 	// The context may have ended (waitDone): the debit uses one that has
 	// not, as a handler that has decided to finish would.

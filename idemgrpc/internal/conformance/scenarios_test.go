@@ -237,7 +237,7 @@ func TestScopeIsolation(t *testing.T) {
 		t.Parallel()
 		b := newBank(t)
 		b.keys = make(chan idem.CallKey, 2)
-		c := tr.start(t, b, config{})
+		c := tr.start(t, b, config{contextScope: true})
 		ctx := context.Background()
 		req := withID(uuid1, chargeOf("acct-1", 100))
 

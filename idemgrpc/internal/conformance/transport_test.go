@@ -37,6 +37,8 @@ type method struct {
 type config struct {
 	methods          map[string]method // by full method name; defaults to Charge keyed by request_id
 	scope            func(context.Context) (string, error)
+	contextScope     bool // Scope is the package's ContextScope
+	shared           bool // SharedKeys; set by scoped() when neither scope is
 	wait             time.Duration
 	maxResponseBytes int
 	observer         idem.Observer
@@ -63,6 +65,11 @@ type result struct {
 // transport serves a bank under one of the interceptors and calls it.
 type transport interface {
 	name() string
+	// check builds the interceptor on db with cfg, as start does, and
+	// returns the constructor's error.
+	check(db idem.Beginner, cfg config) error
+	// defaultStore is the package's DefaultStoreCode.
+	defaultStore(code int32) bool
 	// start serves b under the interceptor built with cfg until the test
 	// ends, and returns a client of it.
 	start(t *testing.T, b *bank, cfg config) client
@@ -83,6 +90,15 @@ func eachTransport(t *testing.T, f func(t *testing.T, tr transport)) {
 	}
 }
 
+// scoped returns cfg with SharedKeys set when it names no scope: for the
+// scenarios about something other than scopes.
+func (cfg config) scoped() config {
+	if cfg.scope == nil && !cfg.contextScope {
+		cfg.shared = true
+	}
+	return cfg
+}
+
 func (cfg config) covered() map[string]method {
 	if cfg.methods != nil {
 		return cfg.methods
@@ -99,12 +115,15 @@ type grpcTransport struct{}
 
 func (grpcTransport) name() string { return "grpc" }
 
-func (grpcTransport) start(t *testing.T, b *bank, cfg config) client {
-	t.Helper()
-	b.tx = idemgrpc.Tx
+// grpcConfig is cfg as idemgrpc's Config.
+func grpcConfig(cfg config) *idemgrpc.Config {
+	if cfg.contextScope {
+		cfg.scope = idemgrpc.ContextScope
+	}
 	gcfg := &idemgrpc.Config{
 		Methods:          map[string]idemgrpc.Method{},
 		Scope:            cfg.scope,
+		SharedKeys:       cfg.shared,
 		Wait:             cfg.wait,
 		MaxResponseBytes: cfg.maxResponseBytes,
 		Observer:         cfg.observer,
@@ -112,7 +131,22 @@ func (grpcTransport) start(t *testing.T, b *bank, cfg config) client {
 	for name, m := range cfg.covered() {
 		gcfg.Methods[name] = idemgrpc.Method{Required: m.required, KeyField: m.keyField}
 	}
-	intercept, err := idemgrpc.NewUnaryServerInterceptor(b.pool, gcfg)
+	return gcfg
+}
+
+func (grpcTransport) check(db idem.Beginner, cfg config) error {
+	_, err := idemgrpc.NewUnaryServerInterceptor(db, grpcConfig(cfg))
+	return err
+}
+
+func (grpcTransport) defaultStore(code int32) bool {
+	return idemgrpc.DefaultStoreCode(codes.Code(code))
+}
+
+func (grpcTransport) start(t *testing.T, b *bank, cfg config) client {
+	t.Helper()
+	b.tx = idemgrpc.Tx
+	intercept, err := idemgrpc.NewUnaryServerInterceptor(b.pool, grpcConfig(cfg.scoped()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,12 +311,15 @@ func (c connectTransport) name() string {
 	return "connect"
 }
 
-func (c connectTransport) start(t *testing.T, b *bank, cfg config) client {
-	t.Helper()
-	b.tx = idemconnect.Tx
+// connectConfig is cfg as idemconnect's Config.
+func connectConfig(cfg config) *idemconnect.Config {
+	if cfg.contextScope {
+		cfg.scope = idemconnect.ContextScope
+	}
 	ccfg := &idemconnect.Config{
 		Methods:          map[string]idemconnect.Method{},
 		Scope:            cfg.scope,
+		SharedKeys:       cfg.shared,
 		Wait:             cfg.wait,
 		MaxResponseBytes: cfg.maxResponseBytes,
 		Observer:         cfg.observer,
@@ -290,7 +327,22 @@ func (c connectTransport) start(t *testing.T, b *bank, cfg config) client {
 	for name, m := range cfg.covered() {
 		ccfg.Methods[name] = idemconnect.Method{Required: m.required, KeyField: m.keyField}
 	}
-	intercept, err := idemconnect.NewInterceptor(b.pool, ccfg)
+	return ccfg
+}
+
+func (connectTransport) check(db idem.Beginner, cfg config) error {
+	_, err := idemconnect.NewInterceptor(db, connectConfig(cfg))
+	return err
+}
+
+func (connectTransport) defaultStore(code int32) bool {
+	return idemconnect.DefaultStoreCode(connect.Code(code))
+}
+
+func (c connectTransport) start(t *testing.T, b *bank, cfg config) client {
+	t.Helper()
+	b.tx = idemconnect.Tx
+	intercept, err := idemconnect.NewInterceptor(b.pool, connectConfig(cfg.scoped()))
 	if err != nil {
 		t.Fatal(err)
 	}

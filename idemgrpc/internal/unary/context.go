@@ -2,9 +2,26 @@ package unary
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/idem"
 )
+
+// ErrNoScope is ContextScope's error for a call whose context carries no
+// scope.
+var ErrNoScope = errors.New("the call's context carries no scope")
+
+// ContextScope returns the scope an authentication interceptor put in ctx
+// with idem.ContextWithScope, or ErrNoScope.
+func ContextScope(ctx context.Context) (string, error) {
+	scope, ok := idem.ScopeFromContext(ctx)
+	if !ok {
+		return "", ErrNoScope
+	}
+	return scope, nil
+}
 
 type txKey struct{}
 

@@ -77,11 +77,14 @@ func (s *Server) Serve(ctx context.Context, m *Method, keys []string, req any, h
 
 	if s.cfg.Scope != nil {
 		scope, err := s.cfg.Scope(ctx)
-		if err != nil {
+		if err != nil || scope == "" {
+			// Fail closed: without a principal, the key would be shared
+			// with every caller that has none.
 			return s.refuse(ctx, m, CodeUnauthenticated, ReasonUnauthenticated, "the call has no principal to scope its idempotency key by")
 		}
 		ctx = idem.ContextWithScope(ctx, scope)
 	}
+	// With SharedKeys, the context's scope if any, else the empty one.
 	if scope, ok := idem.ScopeFromContext(ctx); ok {
 		if err := idem.ValidateScope(scope); err != nil {
 			return s.refuse(ctx, m, CodeInvalidArgument, ReasonInvalidRequest, "the call's principal cannot scope an idempotency key")
@@ -143,7 +146,11 @@ func (s *Server) decide(res Result) (reply, error) {
 	if len(r.data) > s.cfg.MaxResponseBytes {
 		return reply{}, errResponseTooLarge
 	}
-	return r, idem.Refuse(refusalCode(st.GetCode()), st.GetMessage())
+	// The status, message included, is stored once, in the reply: the
+	// refusal names only its code. Its message would be a second copy,
+	// uncounted by MaxResponseBytes, and jsonb cannot hold every string a
+	// status message may (U+0000).
+	return r, idem.Refuse(refusalCode(st.GetCode()), "")
 }
 
 // answer is the Answer for how idem.Run ended.
@@ -203,7 +210,7 @@ func (s *Server) serveUnkeyed(ctx context.Context, m *Method, h Handler) Answer 
 		}
 	}
 	defer rollback() // a panic in the handler
-	res := h(withTx(ctx, dbtx.Owned{Tx: tx}))
+	res := h(withTx(ctx, dbtx.Owned{Tx: tx, Err: idem.ErrTxOwned}))
 	if res.Status != nil {
 		rollback()
 		return Answer{Handler: true}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"time"
 
@@ -28,6 +29,7 @@ type Config struct {
 	Package          string // "idemgrpc" or "idemconnect": the prefix of errors and log messages
 	Methods          map[string]MethodConfig
 	Scope            func(context.Context) (string, error)
+	SharedKeys       bool
 	Fingerprint      func(method string, req proto.Message) (string, error)
 	MaxResponseBytes int
 	Store            func(code int32) bool
@@ -58,8 +60,14 @@ func New(db idem.Beginner, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("%w: %s: %s", idem.ErrInvalidOption, cfg.Package, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case db == nil:
+	case isNil(db):
 		return bad("nil database")
+	case cfg.Scope == nil && !cfg.SharedKeys:
+		return bad("Config.Scope is not set: scope keys by the authenticated caller " +
+			"(ContextScope reads the scope an authentication interceptor put in the context), " +
+			"or set Config.SharedKeys if every client may share one key space")
+	case cfg.Scope != nil && cfg.SharedKeys:
+		return bad("SharedKeys has no effect with a Scope function")
 	case len(cfg.Methods) == 0:
 		return bad("Methods is empty: list the unary methods to make idempotent")
 	case cfg.MaxResponseBytes < 0:
@@ -115,6 +123,20 @@ func New(db idem.Beginner, cfg Config) (*Server, error) {
 	s.idemOpts = slices.Clip(s.idemOpts)
 	s.cfg = cfg
 	return s, nil
+}
+
+// isNil reports whether db is nil or a nil pointer (a *pgxpool.Pool that
+// was never set, say), on which every call would fail or panic.
+func isNil(db idem.Beginner) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }
 
 // Method returns the covered method named name, or nil.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
@@ -33,11 +34,15 @@ func (noDB) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("no 
 
 func TestNewChecksTheConfig(t *testing.T) {
 	ok := map[string]MethodConfig{charge: {KeyField: "request_id"}}
+	scope := func(context.Context) (string, error) { return "caller", nil }
 	for name, tc := range map[string]struct {
 		db  idem.Beginner
 		cfg Config
 	}{
 		"nil database":         {cfg: Config{Methods: ok}},
+		"typed nil pool":       {db: (*pgxpool.Pool)(nil), cfg: Config{Methods: ok}},
+		"no scope":             {db: noDB{}, cfg: Config{Methods: ok, SharedKeys: false}},
+		"scope and shared":     {db: noDB{}, cfg: Config{Methods: ok, Scope: scope, SharedKeys: true}},
 		"no methods":           {db: noDB{}},
 		"not a full name":      {db: noDB{}, cfg: Config{Methods: map[string]MethodConfig{"idem.example.charge.v1.ChargeService/Charge": {}}}},
 		"three parts":          {db: noDB{}, cfg: Config{Methods: map[string]MethodConfig{charge + "/x": {}}}},
@@ -54,6 +59,9 @@ func TestNewChecksTheConfig(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			tc.cfg.Package = "test"
+			if tc.cfg.Scope == nil && name != "no scope" {
+				tc.cfg.SharedKeys = true // so that the error is the case's own
+			}
 			s, err := New(tc.db, tc.cfg)
 			if !errors.Is(err, idem.ErrInvalidOption) || s != nil {
 				t.Fatalf("New: %v, %v; want an error wrapping idem.ErrInvalidOption", s, err)
@@ -63,7 +71,7 @@ func TestNewChecksTheConfig(t *testing.T) {
 			}
 		})
 	}
-	s, err := New(noDB{}, Config{Package: "test", Methods: ok})
+	s, err := New(noDB{}, Config{Package: "test", Methods: ok, Scope: ContextScope})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,9 +86,10 @@ func TestAnswer(t *testing.T) {
 	var logged bytes.Buffer
 	var reported []string
 	s, err := New(noDB{}, Config{
-		Package: "test",
-		Methods: map[string]MethodConfig{charge: {}},
-		Logger:  slog.New(slog.NewTextHandler(&logged, nil)),
+		Package:    "test",
+		Methods:    map[string]MethodConfig{charge: {}},
+		SharedKeys: true,
+		Logger:     slog.New(slog.NewTextHandler(&logged, nil)),
 		OnError: func(_ context.Context, method string, st *spb.Status, cause error) {
 			reported = append(reported, fmt.Sprintf("%s %d %v", method, st.GetCode(), cause))
 		},
@@ -176,18 +185,19 @@ func TestAnswer(t *testing.T) {
 	}
 }
 
-// A handler's error whose code the rule stores becomes a refusal with the
-// full status; others, and errors that claim success, are not stored.
+// A handler's error whose code the rule stores becomes a refusal, with the
+// full status stored once, in the reply: the refusal names only the code.
+// Others, and errors that claim success, are not stored.
 func TestDecide(t *testing.T) {
-	s, err := New(noDB{}, Config{Package: "test", Methods: map[string]MethodConfig{charge: {}}, MaxResponseBytes: 64})
+	s, err := New(noDB{}, Config{Package: "test", Methods: map[string]MethodConfig{charge: {}}, MaxResponseBytes: 64, SharedKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	refused := &spb.Status{Code: CodeNotFound, Message: "no account"}
 	r, err := s.decide(Result{Status: refused})
 	var refusal *idem.Refusal
-	if !errors.As(err, &refusal) || refusal.Code != "rpc_not_found" || refusal.Message != "no account" {
-		t.Fatalf("decide: %v, want a refusal", err)
+	if !errors.As(err, &refusal) || refusal.Code != "rpc_not_found" || refusal.Message != "" {
+		t.Fatalf("decide: %v, want a refusal with the code alone (the message is in the reply)", err)
 	}
 	var back reply
 	if err := back.UnmarshalBinary(r.data); err != nil || !proto.Equal(back.status, refused) {

@@ -3,11 +3,12 @@ package payments
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/payments_example/api"
@@ -20,6 +21,12 @@ var (
 	getAccountSQL string
 )
 
+// OpeningBalance is the balance every account opens with, in cents:
+// 100,000.00 USD of the example's play money. Sign-up takes no balance
+// from the caller: a balance is what the service owes, and only the
+// service decides it.
+const OpeningBalance = 100_000_00
+
 // ErrNoAccount means the account does not exist.
 var ErrNoAccount = errors.New("payments: no such account")
 
@@ -28,7 +35,7 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func getAccount(ctx context.Context, q querier, id int64) (api.Account, error) {
+func getAccount(ctx context.Context, q querier, id uuid.UUID) (api.Account, error) {
 	var a api.Account
 	err := q.QueryRow(ctx, getAccountSQL, id).Scan(&a.Id, &a.Owner, &a.Balance)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -40,9 +47,18 @@ func getAccount(ctx context.Context, q querier, id int64) (api.Account, error) {
 	return a, nil
 }
 
-// CreateAccount serves POST /accounts, the sign-up: it opens an account and
-// answers it with a new API key, which is shown this once; only its hash
-// is stored.
+// signUpBody is the body POST /accounts reads: api.CreateAccountRequest,
+// and a balance only to refuse it by name.
+type signUpBody struct {
+	Owner   string          `json:"owner"`
+	Balance json.RawMessage `json:"balance"`
+}
+
+// CreateAccount serves POST /accounts, the sign-up: it opens an account
+// with OpeningBalance and a random id (UUID version 4: it reveals neither
+// how many accounts there are nor when this one was opened) and answers
+// it with a new API key, which is shown this once; only its hash is
+// stored. A body that names a balance is refused 400.
 //
 // Sign-up is open and not idempotent: its answer holds a secret, and an
 // answer stored under an Idempotency-Key is replayed to whoever sends the
@@ -50,29 +66,29 @@ func getAccount(ctx context.Context, q querier, id int64) (api.Account, error) {
 // clients' keys apart, so a guessed or leaked key would hand out another
 // client's API key, and the key table would hold the secret for a day.
 func (s *server) CreateAccount(w http.ResponseWriter, r *http.Request) {
-	var req api.CreateAccountRequest
-	if rep, ok := decode(r, &req, "owner", "balance"); !ok {
+	var req signUpBody
+	if rep, ok := decode(r, &req, "owner"); !ok {
 		rep.write(w)
+		return
+	}
+	if req.Balance != nil {
+		invalid("balance cannot be chosen: every account opens with the same balance").write(w)
 		return
 	}
 	if detail, ok := validOwner(req.Owner); !ok {
 		invalid(detail).write(w)
 		return
 	}
-	if req.Balance < 0 {
-		invalid("balance must not be negative").write(w)
-		return
-	}
 	key, hash := newAPIKey()
 	a := api.AccountCreated{ApiKey: key}
-	err := s.pool.QueryRow(r.Context(), createAccountSQL, req.Owner, req.Balance, hash).Scan(&a.Id, &a.Owner, &a.Balance)
+	err := s.pool.QueryRow(r.Context(), createAccountSQL, uuid.New(), req.Owner, OpeningBalance, hash).Scan(&a.Id, &a.Owner, &a.Balance)
 	if err != nil {
 		s.internal(r, fmt.Errorf("payments: create account: %w", err)).write(w)
 		return
 	}
 	rep := respond(http.StatusCreated, a)
 	rep.header = http.Header{
-		"Location":      {"/accounts/" + strconv.FormatInt(a.Id, 10)},
+		"Location":      {"/accounts/" + a.Id.String()},
 		"Cache-Control": {"no-store"},
 	}
 	rep.write(w)
@@ -82,7 +98,7 @@ func (s *server) CreateAccount(w http.ResponseWriter, r *http.Request) {
 // Another account is answered 404, exactly as a missing one, so that a
 // client cannot learn which accounts exist. It reads through the pool: a
 // read needs neither a transaction nor a key.
-func (s *server) GetAccount(w http.ResponseWriter, r *http.Request, id int64) {
+func (s *server) GetAccount(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 	if own, _ := accountFrom(r.Context()); id != own {
 		fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account").write(w)
 		return

@@ -9,12 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 )
 
@@ -80,22 +79,22 @@ func bearerToken(h http.Header) (string, error) {
 // hash, and learning a stored hash would not reveal the key (a preimage of
 // SHA-256 over 256 random bits). A plain string comparison of the key
 // itself would leak how many of its leading bytes matched.
-func (s *server) authenticate(ctx context.Context, h http.Header) (int64, error) {
+func (s *server) authenticate(ctx context.Context, h http.Header) (uuid.UUID, error) {
 	token, err := bearerToken(h)
 	if err != nil {
-		return 0, err
+		return uuid.Nil, err
 	}
 	// Anything that is not shaped like a key is refused without a query.
 	if len(token) != apiKeyLen || !strings.HasPrefix(token, APIKeyPrefix) {
-		return 0, errBadCredentials
+		return uuid.Nil, errBadCredentials
 	}
-	var account int64
+	var account uuid.UUID
 	err = s.pool.QueryRow(ctx, authenticateSQL, hashAPIKey(token)).Scan(&account)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return 0, errBadCredentials
+		return uuid.Nil, errBadCredentials
 	case err != nil:
-		return 0, fmt.Errorf("payments: authenticate: %w", err)
+		return uuid.Nil, fmt.Errorf("payments: authenticate: %w", err)
 	}
 	return account, nil
 }
@@ -103,26 +102,31 @@ func (s *server) authenticate(ctx context.Context, h http.Header) (int64, error)
 type accountKey struct{}
 
 // accountFrom returns the authenticated account of a request's context.
-func accountFrom(ctx context.Context) (int64, bool) {
-	id, ok := ctx.Value(accountKey{}).(int64)
-	return id, ok
+func accountFrom(ctx context.Context) (uuid.UUID, bool) {
+	id, ok := ctx.Value(accountKey{}).(uuid.UUID)
+	return id, ok && id != uuid.Nil
 }
 
 // scopeOf is the idempotency scope of an account: its keys' namespace.
-func scopeOf(account int64) string { return "account:" + strconv.FormatInt(account, 10) }
+// The account id is random, so a scope cannot be guessed either.
+func scopeOf(account uuid.UUID) string { return "account:" + account.String() }
+
+// bearerChallenge is the WWW-Authenticate challenge of a request without
+// credentials.
+const bearerChallenge = `Bearer realm="payments"`
 
 // requireAccount runs next only for requests with a valid API key, with
-// the account in the context (accountFrom) and, as the idempotency scope,
-// the account (idem.ContextWithScope): the same Idempotency-Key sent with
-// two API keys is two unrelated keys. It runs in front of idemhttp, so a
-// 401 never reaches the key table. Other requests are answered 401 with
-// WWW-Authenticate: Bearer.
+// the account in the context (accountFrom); POST /payments's idemhttp
+// Config.Scope makes the account the idempotency scope, so the same
+// Idempotency-Key sent with two API keys is two unrelated keys. It runs in
+// front of idemhttp, so a 401 never reaches the key table. Other requests
+// are answered 401 with WWW-Authenticate: Bearer.
 func (s *server) requireAccount(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		account, err := s.authenticate(r.Context(), r.Header)
 		switch {
 		case errors.Is(err, errNoCredentials):
-			unauthorized(w, `Bearer realm="payments"`, "this request needs an API key: Authorization: Bearer <api_key>")
+			unauthorized(w, bearerChallenge, "this request needs an API key: Authorization: Bearer <api_key>")
 			return
 		case errors.Is(err, errBadCredentials):
 			unauthorized(w, `Bearer realm="payments", error="invalid_token"`, "the API key is not valid")
@@ -131,9 +135,7 @@ func (s *server) requireAccount(next http.Handler) http.Handler {
 			s.internal(r, err).write(w)
 			return
 		}
-		ctx := context.WithValue(r.Context(), accountKey{}, account)
-		ctx = idem.ContextWithScope(ctx, scopeOf(account))
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, account)))
 	})
 }
 

@@ -2,18 +2,22 @@
 // API keys, payments, and the HTTP API that serves them, which implements
 // the server interface generated from ../../openapi.yaml (package api).
 //
-// Clients sign up with POST /accounts and receive an API key, shown once
-// and stored only as its SHA-256 hash. Every other operation but the health
-// check, the spec and the metrics requires the key as a Bearer token and
-// acts on its own account only; another account's resources are answered
-// 404, as missing ones.
+// Clients sign up with POST /accounts and receive an account, with the
+// fixed OpeningBalance, and an API key, shown once and stored only as its
+// SHA-256 hash. Account and payment ids are random UUIDs, which tell
+// nobody how many there are. Every other operation but the health check
+// and the spec requires the key as a Bearer token and acts on its own
+// account only; another account's resources are answered 404, as missing
+// ones. The API serves no metrics: the command serves them on a listener
+// of its own.
 //
 // Every payment runs in the request's transaction. NewHandler puts
-// POST /payments behind idemhttp, with the API key's account as the
-// idempotency scope, so the Idempotency-Key, the charge and the stored
-// answer commit together or not at all: a client that lost an answer
-// retries with the same key and receives the first answer again, without a
-// second charge. NewUnprotectedHandler serves the same API with the same
+// POST /payments behind a per-account rate limit and idemhttp, with the
+// API key's account as the idempotency scope (a request without an
+// account is refused, never run in a shared scope), so the
+// Idempotency-Key, the charge and the stored answer commit together or not
+// at all: a client that lost an answer retries with the same key and
+// receives the first answer again, without a second charge. NewUnprotectedHandler serves the same API with the same
 // business code in a plain transaction per payment, without key handling;
 // the demo runs both to show what the key prevents.
 //

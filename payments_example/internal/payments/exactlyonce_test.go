@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"golang.org/x/time/rate"
+
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttptest"
 	"github.com/idemhq/idem/internal/testdb"
@@ -56,13 +59,13 @@ func TestPaymentsExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler, err := payments.NewHandler(pool, keys, settlement.NewQueue(jobs), nil, nil)
+	handler, err := payments.NewHandler(pool, keys, &payments.Config{Settler: settlement.NewQueue(jobs), PaymentRate: rate.Inf})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	const initial, amount = 100_000, 2_500
-	accountID, apiKey := signUp(t, handler, initial)
+	const initial, amount = payments.OpeningBalance, 2_500
+	accountID, apiKey := signUp(t, handler)
 	transport := &http.Transport{}
 	t.Cleanup(transport.CloseIdleConnections)
 	idemhttptest.Suite{
@@ -70,7 +73,7 @@ func TestPaymentsExactlyOnce(t *testing.T) {
 		DB:      pool,
 		Client:  &http.Client{Transport: spectest.New(t).Transport(t, transport)},
 		Request: func(t testing.TB) *http.Request {
-			body := fmt.Sprintf(`{"account_id":%d,"amount":%d,"currency":"USD"}`, accountID, amount)
+			body := fmt.Sprintf(`{"account_id":%q,"amount":%d,"currency":"USD"}`, accountID, amount)
 			r, err := http.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
 			if err != nil {
 				t.Fatal(err)
@@ -87,7 +90,7 @@ func TestPaymentsExactlyOnce(t *testing.T) {
 			var balance, jobCount int64
 			err := pool.QueryRow(t.Context(), `select
 				(select balance from accounts where id = $1),
-				(select count(*) from river_job where (args->>'account_id')::bigint = $1)`, accountID).Scan(&balance, &jobCount)
+				(select count(*) from river_job where (args->>'account_id')::uuid = $1)`, accountID).Scan(&balance, &jobCount)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,13 +104,12 @@ func TestPaymentsExactlyOnce(t *testing.T) {
 	}.Run(t)
 }
 
-// signUp opens an account with the opening balance through handler and
-// returns it with its API key; the request and the answer are checked
+// signUp opens an account (with payments.OpeningBalance) through handler
+// and returns it with its API key; the request and the answer are checked
 // against the spec.
-func signUp(t *testing.T, handler http.Handler, balance int64) (accountID int64, apiKey string) {
+func signUp(t *testing.T, handler http.Handler) (accountID uuid.UUID, apiKey string) {
 	t.Helper()
-	req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/accounts",
-		strings.NewReader(fmt.Sprintf(`{"owner": "kit", "balance": %d}`, balance)))
+	req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/accounts", strings.NewReader(`{"owner": "kit"}`))
 	req.Header.Set("Content-Type", "application/json")
 	rec := httptest.NewRecorder()
 	spectest.New(t).Handler(t, handler).ServeHTTP(rec, req)

@@ -10,45 +10,91 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/payments_example/api"
 )
 
+// Config is NewHandler's settings. The zero value means the defaults each
+// field states.
+type Config struct {
+	// Settler, if not nil, settles each payment in its transaction
+	// (settlement.Queue inserts a job there). Defaults to none: payments
+	// are not settled.
+	Settler Settler
+
+	// Logger receives the errors answered with 5xx. Defaults to
+	// discarding them.
+	Logger *slog.Logger
+
+	// PaymentRate is how many POST /payments one account may send per
+	// second, sustained; PaymentBurst how many at once after a pause.
+	// Beyond them the answer is 429 (ProblemTooManyRequests) with
+	// Retry-After, before the Idempotency-Key is looked at: nothing runs
+	// and nothing is stored. Every stored key costs the key table about a
+	// kilobyte or two for its TTL, so the rate bounds what one account
+	// can make the service keep (docs/SECURITY.md has the figure). They
+	// default to DefaultPaymentRate and DefaultPaymentBurst; rate.Inf
+	// removes the limit (the tests' setting). Neither may be negative.
+	PaymentRate  rate.Limit
+	PaymentBurst int
+}
+
 // NewHandler returns the service's HTTP API, as ../../openapi.yaml
 // describes it and package api routes it:
 //
 //	GET  /healthz        open; 200 when the database answers
 //	GET  /openapi.yaml   open; the API's OpenAPI document
-//	GET  /metrics        open; metrics for Prometheus (404 without metrics)
 //	POST /accounts       open (sign-up); 201 with the account's API key
 //	GET  /accounts/{id}  API key; 200 Account, 404 for another account's
-//	POST /payments       API key and Idempotency-Key; 201 Payment
+//	POST /payments       API key and Idempotency-Key; 201 Payment; rate-limited per account
 //	GET  /payments/{id}  API key; 200 PaymentStatus, 404 for another account's
 //
 // POST /payments runs behind idemhttp, configured on keys (an idem.Client
-// on pool), with the API key's account as the idempotency scope; settler,
-// if not nil, settles each payment in its transaction (settlement.Queue
-// inserts a job there). log receives the errors answered with 5xx; nil
-// discards them. metrics, if not nil, serves GET /metrics (the service
-// gives it the Prometheus handler of the MeterProvider that keys'
-// observer records in); nil: GET /metrics answers 404.
-func NewHandler(pool *pgxpool.Pool, keys *idem.Client, settler Settler, log *slog.Logger, metrics http.Handler) (http.Handler, error) {
-	s := newServer(pool, settler, log)
-	s.metrics = metrics
-	mw, err := idemhttp.NewMiddleware(keys, &idemhttp.Config{
-		Required:     true,
-		MaxBodyBytes: MaxBodyBytes,
-		Logger:       s.log,
-		// The scope is the account that requireAccount, in front, put in
-		// the context (the default Config.Scope reads it there).
-	})
+// on pool), with the API key's account as the idempotency scope: every
+// keyed request has an authenticated account, and one without is refused
+// 401 before any key is looked at, never run in a scope shared by all.
+// The service's metrics are not part of this API: serve them on a
+// listener of their own (see the command's -metrics-addr).
+func NewHandler(pool *pgxpool.Pool, keys *idem.Client, cfg *Config) (http.Handler, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	limits, err := newPerAccount(cfg.PaymentRate, cfg.PaymentBurst)
+	if err != nil {
+		return nil, err
+	}
+	s := newServer(pool, cfg.Settler, cfg.Logger)
+	mw, err := newKeyMiddleware(keys, s.log)
 	if err != nil {
 		return nil, err
 	}
 	s.payWrite = s.inRequestTx
-	return s.routes(mw.Handler), nil
+	return s.routes(func(h http.Handler) http.Handler { return s.limit(limits, mw.Handler(h)) }), nil
+}
+
+// newKeyMiddleware returns the idemhttp middleware of POST /payments. Its
+// Scope is the account that requireAccount, in front, put in the
+// context, set explicitly rather than left to idemhttp's default: a
+// request that reaches it without an account (a route wired without
+// requireAccount) is answered 401 and runs nothing, instead of running
+// under one namespace that every client shares.
+func newKeyMiddleware(keys *idem.Client, log *slog.Logger) (*idemhttp.Middleware, error) {
+	return idemhttp.NewMiddleware(keys, &idemhttp.Config{
+		Required:     true,
+		MaxBodyBytes: MaxBodyBytes,
+		Logger:       log,
+		Scope: func(r *http.Request) (string, error) {
+			account, ok := accountFrom(r.Context())
+			if !ok {
+				return "", errNoCredentials
+			}
+			return scopeOf(account), nil
+		},
+		Challenge: bearerChallenge,
+	})
 }
 
 // NewUnprotectedHandler returns the same API with the same business code
@@ -56,7 +102,7 @@ func NewHandler(pool *pgxpool.Pool, keys *idem.Client, settler Settler, log *slo
 // own and the Idempotency-Key ignored: a retried payment is charged again.
 // It exists to show what NewHandler prevents; never serve it. settler,
 // if not nil, settles each payment in its transaction (the demo gives it
-// settlement.Direct). It has no metrics: GET /metrics answers 404.
+// settlement.Direct). It has no rate limit.
 func NewUnprotectedHandler(pool *pgxpool.Pool, settler Settler, log *slog.Logger) http.Handler {
 	s := newServer(pool, settler, log)
 	s.payWrite = s.inPlainTx
@@ -66,8 +112,7 @@ func NewUnprotectedHandler(pool *pgxpool.Pool, settler Settler, log *slog.Logger
 // server implements api.ServerInterface; there is no package-level state.
 type server struct {
 	pool    *pgxpool.Pool
-	settler Settler      // nil: payments are not settled
-	metrics http.Handler // serves GET /metrics; nil: 404
+	settler Settler // nil: payments are not settled
 	log     *slog.Logger
 	// payWrite runs POST /payments's endpoint in a transaction and writes
 	// its answer once the transaction is settled.
@@ -98,7 +143,12 @@ func (s *server) routes(idempotent func(http.Handler) http.Handler) http.Handler
 	mux.Handle("/", s.requireAccount(generated))
 	mux.Handle("GET /healthz", generated)
 	mux.Handle("GET /openapi.yaml", generated)
-	mux.Handle("GET /metrics", generated)
+	// The metrics are served on the command's internal listener only. A
+	// plain 404 here, not the 401 of an unknown path, so that a scraper
+	// pointed at the public address is told there is nothing to find.
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fail(http.StatusNotFound, "about:blank", "not found").write(w)
+	})
 	mux.Handle("POST /accounts", generated)
 	mux.Handle("POST /payments", s.requireAccount(idempotent(generated)))
 	return mux
@@ -113,10 +163,10 @@ func (s *server) badParameter(w http.ResponseWriter, r *http.Request, err error)
 	)
 	switch {
 	case errors.As(err, &format) && format.ParamName == "id" && strings.HasPrefix(r.URL.Path, "/payments/"):
-		// Not a number is not a payment: the same 404 as any other.
+		// Not a UUID is not a payment: the same 404 as any other.
 		fail(http.StatusNotFound, ProblemNoSuchPayment, "no such payment").write(w)
 	case errors.As(err, &format) && format.ParamName == "id":
-		// Not a number is not an account: the same 404 as any other.
+		// Not a UUID is not an account: the same 404 as any other.
 		fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account").write(w)
 	case errors.As(err, &missing) && missing.ParamName == idemhttp.HeaderKey:
 		fail(http.StatusBadRequest, idemhttp.ProblemMissingKey, "this request needs an "+idemhttp.HeaderKey+" header").write(w)
@@ -127,8 +177,8 @@ func (s *server) badParameter(w http.ResponseWriter, r *http.Request, err error)
 
 // inRequestTx runs e in the transaction idemhttp opened for the request.
 // idemhttp commits it with a 2xx answer and the key, rolls it back and
-// keeps the answer on a stored refusal (402, 404), and rolls it back and
-// frees the key otherwise (400, 5xx).
+// keeps the answer on a stored refusal (402), and rolls it back and frees
+// the key otherwise (400, 5xx, and the 404 that pay marks NoStore).
 func (s *server) inRequestTx(w http.ResponseWriter, r *http.Request, e endpoint) {
 	tx := idemhttp.Tx(r.Context())
 	if tx == nil {
@@ -174,16 +224,6 @@ func (s *server) GetHealth(w http.ResponseWriter, r *http.Request) {
 func (s *server) GetOpenAPI(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/yaml")
 	_, _ = w.Write(api.Spec())
-}
-
-// GetMetrics serves GET /metrics: the metrics handler NewHandler was
-// given, or 404 without one.
-func (s *server) GetMetrics(w http.ResponseWriter, r *http.Request) {
-	if s.metrics == nil {
-		fail(http.StatusNotFound, "about:blank", "this service exports no metrics").write(w)
-		return
-	}
-	s.metrics.ServeHTTP(w, r)
 }
 
 // internal logs err and answers 5xx, which rolls the transaction back and

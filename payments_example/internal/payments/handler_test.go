@@ -14,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
@@ -48,12 +50,14 @@ func setup(t *testing.T, handler func(testing.TB, *pgxpool.Pool) http.Handler) *
 	return &env{t: t, pool: pool, srv: srv, client: client}
 }
 
+// protected is the service without its rate limit: the tests send many
+// payments at once on purpose; TestRateLimit checks the limit.
 func protected(t testing.TB, pool *pgxpool.Pool) http.Handler {
 	keys, err := idem.NewClient(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := payments.NewHandler(pool, keys, nil, nil, nil)
+	h, err := payments.NewHandler(pool, keys, &payments.Config{PaymentRate: rate.Inf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,20 +132,26 @@ func (e *env) pay(auth, key, body string) response {
 	return e.send(request{method: "POST", path: "/payments", auth: auth, key: key, body: body})
 }
 
-// signUp opens an account and returns it with its API key.
+// signUp opens an account and returns it with its API key, its balance
+// set to balance in the database (sign-up opens every account with
+// payments.OpeningBalance).
 func (e *env) signUp(owner string, balance int64) api.AccountCreated {
 	e.t.Helper()
-	res := e.send(request{method: "POST", path: "/accounts", body: fmt.Sprintf(`{"owner": %q, "balance": %d}`, owner, balance)})
+	res := e.send(request{method: "POST", path: "/accounts", body: fmt.Sprintf(`{"owner": %q}`, owner)})
 	if res.status != http.StatusCreated {
 		e.t.Fatalf("sign up: %d %s", res.status, res.body)
 	}
 	var a api.AccountCreated
 	decodeInto(e.t, res, &a)
+	if _, err := e.pool.Exec(e.t.Context(), "update accounts set balance = $2 where id = $1", a.Id, balance); err != nil {
+		e.t.Fatal(err)
+	}
+	a.Balance = balance
 	return a
 }
 
 // balance and payments read the truth from the database, not from the API.
-func (e *env) balance(accountID int64) int64 {
+func (e *env) balance(accountID uuid.UUID) int64 {
 	e.t.Helper()
 	var b int64
 	if err := e.pool.QueryRow(e.t.Context(), "select balance from accounts where id = $1", accountID).Scan(&b); err != nil {
@@ -150,7 +160,7 @@ func (e *env) balance(accountID int64) int64 {
 	return b
 }
 
-func (e *env) payments(accountID int64) int {
+func (e *env) payments(accountID uuid.UUID) int {
 	e.t.Helper()
 	var n int
 	if err := e.pool.QueryRow(e.t.Context(), "select count(*) from payments where account_id = $1", accountID).Scan(&n); err != nil {
@@ -176,8 +186,8 @@ func decodeInto(t *testing.T, res response, v any) {
 	}
 }
 
-func payment(accountID, amount int64) string {
-	return fmt.Sprintf(`{"account_id": %d, "amount": %d, "currency": "USD"}`, accountID, amount)
+func payment(accountID uuid.UUID, amount int64) string {
+	return fmt.Sprintf(`{"account_id": %q, "amount": %d, "currency": "USD"}`, accountID, amount)
 }
 
 // wantProblem checks an error answer: its status, problem+json, and the
@@ -225,15 +235,38 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 }
 
-// TestNoMetrics checks GET /metrics of a handler given no metrics (the
-// unprotected one, say): open, and 404.
-func TestNoMetrics(t *testing.T) {
+// TestMetricsNotPublic is the review's finding: GET /metrics was served
+// on the public listener, open, with payment volume, decline rates, keys
+// in progress and SDK versions. The API serves no metrics: GET /metrics is
+// 404, with an API key or without, and never asks for credentials.
+func TestMetricsNotPublic(t *testing.T) {
 	t.Parallel()
 	for name, handler := range map[string]func(testing.TB, *pgxpool.Pool) http.Handler{"protected": protected, "unprotected": unprotected} {
 		t.Run(name, func(t *testing.T) {
 			e := setup(t, handler)
-			res := e.send(request{method: "GET", path: "/metrics"})
-			wantProblem(t, res, http.StatusNotFound, "about:blank")
+			a := e.signUp("ops", 1)
+			for _, auth := range []string{"", a.ApiKey} {
+				// Not through the spec-checking client: the path is in
+				// no spec.
+				req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, e.srv.URL+"/metrics", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if auth != "" {
+					req.Header.Set("Authorization", "Bearer "+auth)
+				}
+				raw, err := e.srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(raw.Body)
+				_ = raw.Body.Close()
+				res := response{status: raw.StatusCode, header: raw.Header, body: body}
+				wantProblem(t, res, http.StatusNotFound, "about:blank")
+				if bytes.Contains(res.body, []byte("idem_")) || res.header.Get("WWW-Authenticate") != "" {
+					t.Fatalf("GET /metrics (API key %v): %s %v", auth != "", res.body, res.header)
+				}
+			}
 		})
 	}
 }
@@ -243,52 +276,51 @@ func TestAccounts(t *testing.T) {
 	e := setup(t, protected)
 
 	t.Run("sign up and read", func(t *testing.T) {
-		res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "ada", "balance": 5000}`})
+		res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "ada"}`})
 		if res.status != http.StatusCreated || res.header.Get("Cache-Control") != "no-store" {
 			t.Fatalf("sign up: %d, Cache-Control %q", res.status, res.header.Get("Cache-Control"))
 		}
 		var a api.AccountCreated
 		decodeInto(t, res, &a)
-		if a.Id <= 0 || a.Owner != "ada" || a.Balance != 5000 {
-			t.Fatalf("created %+v", a)
+		if a.Id.Version() != 4 || a.Owner != "ada" || a.Balance != payments.OpeningBalance {
+			t.Fatalf("created %+v, want a random (version 4) id and the opening balance", a)
 		}
-		if loc := res.header.Get("Location"); loc != fmt.Sprintf("/accounts/%d", a.Id) {
+		if loc := res.header.Get("Location"); loc != "/accounts/"+a.Id.String() {
 			t.Errorf("Location %q", loc)
 		}
-		got := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id), auth: a.ApiKey})
+		got := e.send(request{method: "GET", path: "/accounts/" + a.Id.String(), auth: a.ApiKey})
 		var read api.Account
 		decodeInto(t, got, &read)
-		if got.status != http.StatusOK || read != (api.Account{Id: a.Id, Owner: "ada", Balance: 5000}) {
+		if got.status != http.StatusOK || read != (api.Account{Id: a.Id, Owner: "ada", Balance: payments.OpeningBalance}) {
 			t.Fatalf("GET: %d %+v", got.status, read)
 		}
 	})
 
 	t.Run("unknown account is 404", func(t *testing.T) {
 		a := e.signUp("ann", 1)
-		wantProblem(t, e.send(request{method: "GET", path: "/accounts/999999", auth: a.ApiKey}), http.StatusNotFound, payments.ProblemNoSuchAccount)
+		wantProblem(t, e.send(request{method: "GET", path: "/accounts/" + uuid.NewString(), auth: a.ApiKey}), http.StatusNotFound, payments.ProblemNoSuchAccount)
 		wantProblem(t, e.send(request{method: "GET", path: "/accounts/abc", auth: a.ApiKey, invalid: true}), http.StatusNotFound, payments.ProblemNoSuchAccount)
+		wantProblem(t, e.send(request{method: "GET", path: "/accounts/1", auth: a.ApiKey, invalid: true}), http.StatusNotFound, payments.ProblemNoSuchAccount)
 	})
 
 	t.Run("invalid input is 400", func(t *testing.T) {
 		for name, body := range map[string]string{
-			"empty owner":          `{"owner": " ", "balance": 1}`,
-			"missing owner":        `{"balance": 1}`,
-			"negative balance":     `{"owner": "bob", "balance": -1}`,
-			"missing balance":      `{"owner": "bob"}`,
-			"null balance":         `{"owner": "bob", "balance": null}`,
-			"fractional":           `{"owner": "bob", "balance": 1.5}`,
-			"unknown field":        `{"owner": "bob", "balance": 1, "overdraft": 100}`,
-			"field in other case":  `{"OWNER": "bob", "balance": 1}`,
-			"field twice":          `{"owner": "bob", "balance": 1, "balance": 2}`,
+			"empty owner":          `{"owner": " "}`,
+			"missing owner":        `{}`,
+			"null owner":           `{"owner": null}`,
+			"owner not a string":   `{"owner": 5}`,
+			"unknown field":        `{"owner": "bob", "overdraft": 100}`,
+			"field in other case":  `{"OWNER": "bob"}`,
+			"field twice":          `{"owner": "bob", "owner": "bo"}`,
 			"malformed":            `{"owner": "bob",`,
-			"two documents":        `{"owner": "bob", "balance": 1} {}`,
+			"two documents":        `{"owner": "bob"} {}`,
 			"not an object":        `["bob", 1]`,
 			"empty":                ``,
-			"owner with NUL":       `{"owner": "bo\u0000b", "balance": 1}`,
-			"owner with a newline": `{"owner": "bo\nb", "balance": 1}`,
-			"owner with C1":        `{"owner": "bo\u0085b", "balance": 1}`,
-			"owner too long":       `{"owner": "` + strings.Repeat("é", 101) + `", "balance": 1}`,
-			"invalid UTF-8":        "{\"owner\": \"bo\xffb\", \"balance\": 1}",
+			"owner with NUL":       `{"owner": "bo\u0000b"}`,
+			"owner with a newline": `{"owner": "bo\nb"}`,
+			"owner with C1":        `{"owner": "bo\u0085b"}`,
+			"owner too long":       `{"owner": "` + strings.Repeat("é", 101) + `"}`,
+			"invalid UTF-8":        "{\"owner\": \"bo\xffb\"}",
 		} {
 			t.Run(name, func(t *testing.T) {
 				wantProblem(t, e.send(request{method: "POST", path: "/accounts", body: body, invalid: true}), http.StatusBadRequest, payments.ProblemInvalidRequest)
@@ -305,7 +337,7 @@ func TestAccounts(t *testing.T) {
 	})
 
 	t.Run("body over 1 MiB is 413", func(t *testing.T) {
-		big := `{"owner": "` + strings.Repeat("x", payments.MaxBodyBytes) + `", "balance": 1}`
+		big := `{"owner": "` + strings.Repeat("x", payments.MaxBodyBytes) + `"}`
 		wantProblem(t, e.send(request{method: "POST", path: "/accounts", body: big, invalid: true}), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
 	})
 }
@@ -315,10 +347,68 @@ func TestAccounts(t *testing.T) {
 func TestOwnerWithNUL(t *testing.T) {
 	t.Parallel()
 	e := setup(t, protected)
-	res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "\u0000", "balance": 1}`, invalid: true})
+	res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "\u0000"}`, invalid: true})
 	wantProblem(t, res, http.StatusBadRequest, payments.ProblemInvalidRequest)
 	if !bytes.Contains(res.body, []byte("control characters")) {
 		t.Errorf("detail %s does not say what is wrong", res.body)
+	}
+}
+
+// TestSignUpBalanceIsFixed is the review's finding: sign-up took the
+// opening balance from the caller, and {"balance": 9223372036854775807}
+// opened an account holding 92 quadrillion dollars. Every account now
+// opens with payments.OpeningBalance; a body naming a balance, any
+// balance, is refused 400 and opens nothing.
+func TestSignUpBalanceIsFixed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	for _, balance := range []string{"9223372036854775807", "100", "0", "-1", "1.5", `"5"`, fmt.Sprint(payments.OpeningBalance)} {
+		res := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "rich", "balance": ` + balance + `}`, invalid: true})
+		wantProblem(t, res, http.StatusBadRequest, payments.ProblemInvalidRequest)
+		if !bytes.Contains(res.body, []byte("balance cannot be chosen")) {
+			t.Errorf("balance %s: detail %s does not say why", balance, res.body)
+		}
+	}
+	var n int
+	if err := e.pool.QueryRow(t.Context(), "select count(*) from accounts").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d accounts opened with a balance of the caller's (%v)", n, err)
+	}
+	a := e.send(request{method: "POST", path: "/accounts", body: `{"owner": "rich"}`})
+	var created api.AccountCreated
+	decodeInto(t, a, &created)
+	if a.status != http.StatusCreated || created.Balance != payments.OpeningBalance {
+		t.Fatalf("sign-up without a balance: %d %s, want the opening balance %d", a.status, a.body, payments.OpeningBalance)
+	}
+}
+
+// TestIDsRevealNoVolume is the review's finding: account and payment ids
+// were sequential, so any client learnt how many accounts and payments
+// there were (and, from two of them, how many in between), and could
+// guess other accounts' idempotency scopes. Ids are now random UUIDs
+// (version 4): two accounts opened one after the other, and two payments
+// made one after the other, have ids with no order or distance to read.
+func TestIDsRevealNoVolume(t *testing.T) {
+	t.Parallel()
+	e := setup(t, protected)
+	a, b := e.signUp("first", 1000), e.signUp("second", 1000)
+	var p, q api.Payment
+	decodeInto(t, e.pay(a.ApiKey, "ids-1", payment(a.Id, 1)), &p)
+	decodeInto(t, e.pay(a.ApiKey, "ids-2", payment(a.Id, 1)), &q)
+	for name, id := range map[string]uuid.UUID{"account": a.Id, "next account": b.Id, "payment": p.Id, "next payment": q.Id} {
+		if id.Version() != 4 || id.Variant() != uuid.RFC4122 {
+			t.Errorf("%s id %s: version %d, want a random UUID (version 4)", name, id, id.Version())
+		}
+	}
+	if a.Id == b.Id || p.Id == q.Id {
+		t.Fatal("two accounts or two payments with one id")
+	}
+	var sequential int
+	err := e.pool.QueryRow(t.Context(), `select
+		(select count(*) from information_schema.columns
+		 where table_name in ('accounts', 'payments') and column_name = 'id' and data_type <> 'uuid') +
+		(select count(*) from pg_sequences where schemaname = current_schema())`).Scan(&sequential)
+	if err != nil || sequential != 0 {
+		t.Fatalf("%d sequential ids or sequences in the schema (%v)", sequential, err)
 	}
 }
 
@@ -348,14 +438,14 @@ func TestSignUpKeyShownOnce(t *testing.T) {
 	if err != nil || leaks != 0 {
 		t.Fatalf("the key itself is stored in %d rows (%v)", leaks, err)
 	}
-	got := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id), auth: a.ApiKey})
+	got := e.send(request{method: "GET", path: "/accounts/" + a.Id.String(), auth: a.ApiKey})
 	if got.status != http.StatusOK || bytes.Contains(got.body, []byte(a.ApiKey)) || bytes.Contains(got.body, []byte("api_key")) {
 		t.Fatalf("GET shows the key again: %d %s", got.status, got.body)
 	}
 
 	// Sign-up is not idempotent: a key header changes nothing, and a
 	// second sign-up never replays the first one's secret.
-	body := `{"owner": "lee", "balance": 1}`
+	body := `{"owner": "lee"}`
 	first := e.send(request{method: "POST", path: "/accounts", key: "signup-1", body: body})
 	again := e.send(request{method: "POST", path: "/accounts", key: "signup-1", body: body})
 	var x, y api.AccountCreated
@@ -391,7 +481,7 @@ func TestAuthentication(t *testing.T) {
 	for name, h := range cases {
 		t.Run(name, func(t *testing.T) {
 			for _, rq := range []request{
-				{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id)},
+				{method: "GET", path: "/accounts/" + a.Id.String()},
 				{method: "POST", path: "/payments", key: "auth-" + name, body: payment(a.Id, 10)},
 			} {
 				rq.header = h
@@ -411,7 +501,7 @@ func TestAuthentication(t *testing.T) {
 	}
 
 	t.Run("the scheme is case-insensitive", func(t *testing.T) {
-		res := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", a.Id), header: http.Header{"Authorization": {"bearer " + a.ApiKey}}})
+		res := e.send(request{method: "GET", path: "/accounts/" + a.Id.String(), header: http.Header{"Authorization": {"bearer " + a.ApiKey}}})
 		if res.status != http.StatusOK {
 			t.Fatalf("%d %s", res.status, res.body)
 		}
@@ -462,8 +552,8 @@ func TestOtherAccountsAreNotFound(t *testing.T) {
 	alice := e.signUp("alice", 1000)
 	mallory := e.signUp("mallory", 1000)
 
-	missing := e.send(request{method: "GET", path: "/accounts/999999", auth: mallory.ApiKey})
-	foreign := e.send(request{method: "GET", path: fmt.Sprintf("/accounts/%d", alice.Id), auth: mallory.ApiKey})
+	missing := e.send(request{method: "GET", path: "/accounts/" + uuid.NewString(), auth: mallory.ApiKey})
+	foreign := e.send(request{method: "GET", path: "/accounts/" + alice.Id.String(), auth: mallory.ApiKey})
 	wantProblem(t, foreign, http.StatusNotFound, payments.ProblemNoSuchAccount)
 	if !bytes.Equal(foreign.body, missing.body) {
 		t.Errorf("another account's 404 %s differs from a missing one's %s", foreign.body, missing.body)
@@ -537,23 +627,25 @@ func TestErrorBodiesEchoNothing(t *testing.T) {
 
 	t.Run("fixed messages", func(t *testing.T) {
 		for body, want := range map[string]string{
-			`{"account_id": 1, "amount": "5", "currency": "USD"}`:                    "amount must be an integer",
-			`{"account_id": 1, "amount": 1.5, "currency": "USD"}`:                    "amount must be an integer",
-			`{"account_id": 1, "amount": 99999999999999999999, "currency": "USD"}`:   "amount must be an integer",
-			`{"account_id": 1, "amount": 5, "currency": 7}`:                          "currency must be a string",
-			`{"account_id": 1, "amount": 5, "currency": "USD", "secret<script>": 1}`: "unknown field",
-			`{"account_id": 1, "amount": 5, "currency": "USD", "AMOUNT": 1}`:         "unknown field",
-			`{"account_id": 1, "amount": 5, "currency": "<b>EUR</b>"}`:               "currency must be USD",
-			`{"account_id": 1, "amount": 5`:                                          "the body is not valid JSON",
-			`{"account_id": 1, "amount": 5, "currency": "USD"} "<trailing>"`:         "the body holds more than one JSON value",
-			`"<just a string>"`:                                                           "the body must be one JSON object",
-			`{"account_id": 1, "currency": "USD"}`:                                        "amount is required",
-			`{"account_id": 1, "amount": null, "currency": "USD"}`:                        "amount must not be null",
-			`{"account_id": 1, "amount": 5, "amount": 6, "currency": "USD"}`:              "amount appears more than once",
-			"{\"account_id\": 1, \"amount\": 5, \"currency\": \"US\xff\"}":                "the body is not valid UTF-8",
-			`{"account_id": 1, "amount": {"<nested>": 1}, "currency": "USD"}`:             "amount must be an integer",
-			`{"account_id": [1, "<x>"], "amount": 5, "currency": "USD"}`:                  "account_id must be an integer",
-			`{"account_id": 1, "amount": 5, "currency": "USD", "note": "` + "\x00" + `"}`: "the body is not valid JSON",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": "5", "currency": "USD"}`:                    "amount must be an integer",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 1.5, "currency": "USD"}`:                    "amount must be an integer",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 99999999999999999999, "currency": "USD"}`:   "amount must be an integer",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "currency": 7}`:                          "currency must be a string",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "currency": "USD", "secret<script>": 1}`: "unknown field",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "currency": "USD", "AMOUNT": 1}`:         "unknown field",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "currency": "<b>EUR</b>"}`:               "currency must be USD",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5`:                                          "the body is not valid JSON",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "currency": "USD"} "<trailing>"`:         "the body holds more than one JSON value",
+			`"<just a string>"`: "the body must be one JSON object",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "currency": "USD"}`:                                        "amount is required",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": null, "currency": "USD"}`:                        "amount must not be null",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "amount": 6, "currency": "USD"}`:              "amount appears more than once",
+			"{\"account_id\": \"00000000-0000-4000-8000-000000000001\", \"amount\": 5, \"currency\": \"US\xff\"}":              "the body is not valid UTF-8",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": {"<nested>": 1}, "currency": "USD"}`:             "amount must be an integer",
+			`{"account_id": [1, "<x>"], "amount": 5, "currency": "USD"}`:                                                       "account_id must be a UUID",
+			`{"account_id": 1, "amount": 5, "currency": "USD"}`:                                                                "account_id must be a UUID",
+			`{"account_id": "<not-a-uuid>", "amount": 5, "currency": "USD"}`:                                                   "account_id must be a UUID",
+			`{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 5, "currency": "USD", "note": "` + "\x00" + `"}`: "the body is not valid JSON",
 		} {
 			res := e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: "msg-" + want, body: body, invalid: true})
 			wantProblem(t, res, http.StatusBadRequest, payments.ProblemInvalidRequest)
@@ -586,7 +678,7 @@ func TestPayments(t *testing.T) {
 		}
 		var p api.Payment
 		decodeInto(t, first, &p)
-		if p.Id <= 0 || p.AccountId != a.Id || p.Amount != 2500 || p.Balance != 7500 {
+		if p.Id.Version() != 4 || p.AccountId != a.Id || p.Amount != 2500 || p.Balance != 7500 {
 			t.Fatalf("payment %+v", p)
 		}
 		for _, key := range []string{"pay-1", `"pay-1"`} { // the bare and the quoted form
@@ -618,14 +710,20 @@ func TestPayments(t *testing.T) {
 		}
 	})
 
-	t.Run("another account is 404, stored and replayed", func(t *testing.T) {
+	t.Run("another account is 404, not stored", func(t *testing.T) {
 		a := e.signUp("cy", 100)
-		first := e.pay(a.ApiKey, "pay-nobody", payment(999999, 1))
+		nobody := payment(uuid.New(), 1)
+		first := e.pay(a.ApiKey, "pay-nobody", nobody)
 		wantProblem(t, first, http.StatusNotFound, payments.ProblemNoSuchAccount)
-		again := e.pay(a.ApiKey, "pay-nobody", payment(999999, 1))
+		again := e.pay(a.ApiKey, "pay-nobody", nobody)
 		wantProblem(t, again, http.StatusNotFound, payments.ProblemNoSuchAccount)
-		if first.replayed() || !again.replayed() || !bytes.Equal(again.body, first.body) {
+		if first.replayed() || again.replayed() || !bytes.Equal(again.body, first.body) {
 			t.Fatalf("replayed %v then %v; %s then %s", first.replayed(), again.replayed(), first.body, again.body)
+		}
+		// The key stayed free: the caller's own payment runs under it.
+		own := e.pay(a.ApiKey, "pay-nobody", payment(a.Id, 1))
+		if own.status != http.StatusCreated || own.replayed() {
+			t.Fatalf("the key after two 404s: %d replayed=%v %s", own.status, own.replayed(), own.body)
 		}
 	})
 
@@ -674,7 +772,7 @@ func TestPayments(t *testing.T) {
 
 	t.Run("body over 1 MiB is 413", func(t *testing.T) {
 		a := e.signUp("eve", 1000)
-		big := `{"account_id": 1, "amount": 1, "currency": "USD", "pad": "` + strings.Repeat("x", payments.MaxBodyBytes) + `"}`
+		big := `{"account_id": "00000000-0000-4000-8000-000000000001", "amount": 1, "currency": "USD", "pad": "` + strings.Repeat("x", payments.MaxBodyBytes) + `"}`
 		wantProblem(t, e.send(request{method: "POST", path: "/payments", auth: a.ApiKey, key: "pay-big", body: big, invalid: true}), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
 	})
 }
@@ -870,9 +968,10 @@ func TestBalanceNeverNegativeInSchema(t *testing.T) {
 	}
 }
 
-// TestMigrateOldDatabase applies the schema to a database made before API
-// keys existed, twice: the column and its index appear, old accounts keep
-// their rows and have no key, so they cannot be used through the API.
+// TestMigrateOldDatabase applies the schema to a database made by an
+// earlier version, whose ids were sequential: Migrate refuses it with
+// ErrOldSchema, twice, and changes nothing (the old rows stay, no table
+// is added).
 func TestMigrateOldDatabase(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -888,17 +987,14 @@ func TestMigrateOldDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := payments.Migrate(t.Context(), pool); err != nil {
-			t.Fatal(err)
+		if err := payments.Migrate(t.Context(), pool); !errors.Is(err, payments.ErrOldSchema) {
+			t.Fatalf("Migrate on the old layout: %v, want ErrOldSchema", err)
 		}
 	}
 	var owner string
-	var hash []byte
-	if err := pool.QueryRow(t.Context(), "select owner, api_key_sha256 from accounts").Scan(&owner, &hash); err != nil || owner != "old" || hash != nil {
-		t.Fatalf("old account: %q %x (%v)", owner, hash, err)
-	}
-	var indexed bool
-	if err := pool.QueryRow(t.Context(), "select exists (select 1 from pg_indexes where indexname = 'accounts_api_key_sha256_idx')").Scan(&indexed); err != nil || !indexed {
-		t.Fatalf("no index on api_key_sha256 (%v)", err)
+	var payments_ bool
+	err = pool.QueryRow(t.Context(), "select owner, to_regclass('payments') is not null from accounts").Scan(&owner, &payments_)
+	if err != nil || owner != "old" || payments_ {
+		t.Fatalf("after the refusal: owner %q, payments table %v (%v); want the old row and nothing added", owner, payments_, err)
 	}
 }

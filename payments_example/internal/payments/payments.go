@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idemhttp"
@@ -43,10 +44,12 @@ const Currency = string(api.USD)
 // was charged.
 var ErrInsufficientFunds = errors.New("payments: insufficient funds")
 
-// charge takes amount from the account and records the payment, both in tx.
-// It returns ErrNoAccount or ErrInsufficientFunds without charging anything.
-func charge(ctx context.Context, tx pgx.Tx, accountID, amount int64, currency string) (api.Payment, error) {
-	p := api.Payment{AccountId: accountID, Amount: amount}
+// charge takes amount from the account and records the payment, with a
+// random id (UUID version 4, which reveals neither the payment volume nor
+// the time), both in tx. It returns ErrNoAccount or ErrInsufficientFunds
+// without charging anything.
+func charge(ctx context.Context, tx pgx.Tx, accountID uuid.UUID, amount int64, currency string) (api.Payment, error) {
+	p := api.Payment{Id: uuid.New(), AccountId: accountID, Amount: amount}
 	err := tx.QueryRow(ctx, chargeSQL, accountID, amount).Scan(&p.Balance)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var exists bool
@@ -61,7 +64,7 @@ func charge(ctx context.Context, tx pgx.Tx, accountID, amount int64, currency st
 	if err != nil {
 		return api.Payment{}, fmt.Errorf("payments: charge: %w", err)
 	}
-	if err := tx.QueryRow(ctx, insertPaymentSQL, accountID, amount, currency).Scan(&p.Id); err != nil {
+	if _, err := tx.Exec(ctx, insertPaymentSQL, p.Id, accountID, amount, currency); err != nil {
 		return api.Payment{}, fmt.Errorf("payments: record payment: %w", err)
 	}
 	return p, nil
@@ -75,21 +78,23 @@ func (s *server) CreatePayment(w http.ResponseWriter, r *http.Request, _ api.Cre
 
 // pay is POST /payments's work, in the request's transaction.
 //
-// Its refusals are answers like any other. Validation failures (400) are
-// not stored: the transaction rolls back and the key stays free, so the
-// client can correct the body and retry with the same key. Insufficient
-// funds (402) and an account that is not the caller's (404) report the
-// outcome of a payment that was tried: behind idemhttp they are stored with
-// the key and replayed, and the transaction rolls back, so a refused
-// payment moves no money however often it is retried.
+// Its refusals are answers like any other, and move no money: the
+// transaction rolls back. Validation failures (400) are not stored: the
+// key stays free, so the client can correct the body and retry with the
+// same key. Insufficient funds (402) reports the outcome of a payment that
+// was tried on the caller's own account: behind idemhttp it is stored with
+// the key and replayed. An account that is not the caller's (404) is not
+// stored either (idemhttp.NoStore): the caller named something it cannot
+// see, a replay of that would tell it nothing new, and storing it would
+// let any client fill the key table with refusals that cost it nothing.
 func (s *server) pay(r *http.Request, tx pgx.Tx) reply {
 	var req api.PaymentRequest
 	if rep, ok := decode(r, &req, "account_id", "amount", "currency"); !ok {
 		return rep
 	}
 	switch {
-	case req.AccountId <= 0:
-		return invalid("account_id must be a positive integer")
+	case req.AccountId == uuid.Nil:
+		return invalid("account_id must be an account's id")
 	case req.Amount <= 0:
 		return invalid("amount must be a positive integer in minor units")
 	case string(req.Currency) != Currency:
@@ -98,12 +103,12 @@ func (s *server) pay(r *http.Request, tx pgx.Tx) reply {
 	if own, _ := accountFrom(r.Context()); req.AccountId != own {
 		// Another account's, or none: the same answer, so that existence
 		// does not leak.
-		return fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account")
+		return noSuchAccount(r)
 	}
 	p, err := charge(r.Context(), tx, req.AccountId, req.Amount, string(req.Currency))
 	switch {
 	case errors.Is(err, ErrNoAccount):
-		return fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account")
+		return noSuchAccount(r)
 	case errors.Is(err, ErrInsufficientFunds):
 		return fail(http.StatusPaymentRequired, ProblemInsufficientFunds, "the balance does not cover the amount")
 	case err != nil:
@@ -120,11 +125,18 @@ func (s *server) pay(r *http.Request, tx pgx.Tx) reply {
 	return respond(http.StatusCreated, p)
 }
 
+// noSuchAccount is POST /payments's 404, marked not to be stored under the
+// key (see pay).
+func noSuchAccount(r *http.Request) reply {
+	idemhttp.NoStore(r.Context())
+	return fail(http.StatusNotFound, ProblemNoSuchAccount, "no such account")
+}
+
 // GetPayment serves GET /payments/{id} for the API key's own payments:
 // whether the processor has charged it, and its charge. Another account's
 // payment is answered 404, exactly as a missing one. It reads through the
 // pool.
-func (s *server) GetPayment(w http.ResponseWriter, r *http.Request, id int64) {
+func (s *server) GetPayment(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 	own, _ := accountFrom(r.Context())
 	var p api.PaymentStatus
 	err := s.pool.QueryRow(r.Context(), getPaymentSQL, id, own).Scan(&p.Id, &p.AccountId, &p.Amount, &p.ProcessorId)

@@ -20,7 +20,7 @@ const (
 	// expected fields, or a field is out of range. 400, not stored.
 	ProblemInvalidRequest = "/problems/payments/invalid-request"
 	// ProblemNoSuchAccount: the account does not exist, or is not the API
-	// key's. 404.
+	// key's. 404, never stored under an Idempotency-Key.
 	ProblemNoSuchAccount = "/problems/payments/no-such-account"
 	// ProblemNoSuchPayment: the payment does not exist, or is not the API
 	// key's account's. 404.
@@ -28,6 +28,10 @@ const (
 	// ProblemInsufficientFunds: the balance does not cover the amount;
 	// nothing was charged. 402.
 	ProblemInsufficientFunds = "/problems/payments/insufficient-funds"
+	// ProblemTooManyRequests: the account sent more POST /payments than
+	// its rate limit allows; nothing ran. 429 with Retry-After, not
+	// stored.
+	ProblemTooManyRequests = "/problems/payments/too-many-requests"
 )
 
 var problemTitles = map[string]string{
@@ -35,6 +39,7 @@ var problemTitles = map[string]string{
 	ProblemNoSuchAccount:         "No such account",
 	ProblemNoSuchPayment:         "No such payment",
 	ProblemInsufficientFunds:     "Insufficient funds",
+	ProblemTooManyRequests:       "Too many requests",
 	idemhttp.ProblemBodyTooLarge: "Request body too large",
 	idemhttp.ProblemUnavailable:  "Service unavailable",
 	idemhttp.ProblemMissingKey:   "Idempotency-Key required",

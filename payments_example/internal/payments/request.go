@@ -12,6 +12,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
+
 	"github.com/idemhq/idem/idemhttp"
 )
 
@@ -52,8 +54,8 @@ func decode(r *http.Request, v any, required ...string) (reply, bool) {
 	if err := json.Unmarshal(body, v); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
-			if kind, known := fields[typeErr.Field]; known {
-				return invalid(typeErr.Field + " must be " + kindName(kind)), false
+			if typ, known := fields[typeErr.Field]; known {
+				return invalid(typeErr.Field + " must be " + typeName(typ)), false
 			}
 		}
 		return invalid("the body does not match the expected fields"), false
@@ -62,10 +64,10 @@ func decode(r *http.Request, v any, required ...string) (reply, bool) {
 }
 
 // checkObject checks the shape of body against fields (JSON name -> Go
-// kind) without decoding values: one object, known keys spelt exactly,
-// each at most once and not null, every required one present, nothing
-// after it.
-func checkObject(body []byte, fields map[string]reflect.Kind, required []string) (reply, bool) {
+// type) without decoding other values: one object, known keys spelt
+// exactly, each at most once and not null, ids that are UUIDs, every
+// required one present, nothing after it.
+func checkObject(body []byte, fields map[string]reflect.Type, required []string) (reply, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	tok, err := dec.Token()
@@ -98,6 +100,13 @@ func checkObject(body []byte, fields map[string]reflect.Kind, required []string)
 		if string(value) == "null" {
 			return invalid(key + " must not be null"), false
 		}
+		if fields[key] == uuidType {
+			// uuid.UUID's own decoding error names no field.
+			var id string
+			if json.Unmarshal(value, &id) != nil || uuid.Validate(id) != nil {
+				return invalid(key + " must be a UUID"), false
+			}
+		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return invalid("the body is not valid JSON"), false
@@ -113,22 +122,25 @@ func checkObject(body []byte, fields map[string]reflect.Kind, required []string)
 	return reply{}, true
 }
 
-// jsonFields maps the JSON names of struct type t's fields to their kinds.
-func jsonFields(t reflect.Type) map[string]reflect.Kind {
-	fields := map[string]reflect.Kind{}
+// uuidType is the type of the ids in package api's structs.
+var uuidType = reflect.TypeFor[uuid.UUID]()
+
+// jsonFields maps the JSON names of struct type t's fields to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name != "" && name != "-" {
-			fields[name] = f.Type.Kind()
+			fields[name] = f.Type
 		}
 	}
 	return fields
 }
 
-// kindName says what a JSON value must be to fill a field of kind k.
-func kindName(k reflect.Kind) string {
-	switch k {
+// typeName says what a JSON value must be to fill a field of type t.
+func typeName(t reflect.Type) string {
+	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		return "an integer"

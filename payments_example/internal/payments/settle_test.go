@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync/atomic"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
@@ -21,7 +22,7 @@ import (
 
 // TestGetPayment checks GET /payments/{id}: a payment of a service without
 // a processor is not settled (settled false, processor_id null); another
-// account's payment, a missing one and an id that is not a number are the
+// account's payment, a missing one and an id that is not a UUID are the
 // same 404; without an API key it is 401.
 func TestGetPayment(t *testing.T) {
 	t.Parallel()
@@ -35,7 +36,7 @@ func TestGetPayment(t *testing.T) {
 	var p api.Payment
 	decodeInto(t, paid, &p)
 
-	res := e.send(request{method: "GET", path: fmt.Sprintf("/payments/%d", p.Id), auth: alice.ApiKey})
+	res := e.send(request{method: "GET", path: "/payments/" + p.Id.String(), auth: alice.ApiKey})
 	if res.status != http.StatusOK {
 		t.Fatalf("GET: %d %s", res.status, res.body)
 	}
@@ -46,15 +47,15 @@ func TestGetPayment(t *testing.T) {
 		t.Fatalf("GET: %s, want %+v with processor_id null", res.body, want)
 	}
 
-	foreign := e.send(request{method: "GET", path: fmt.Sprintf("/payments/%d", p.Id), auth: mallory.ApiKey})
+	foreign := e.send(request{method: "GET", path: "/payments/" + p.Id.String(), auth: mallory.ApiKey})
 	wantProblem(t, foreign, http.StatusNotFound, payments.ProblemNoSuchPayment)
-	missing := e.send(request{method: "GET", path: "/payments/999999", auth: alice.ApiKey})
+	missing := e.send(request{method: "GET", path: "/payments/" + uuid.NewString(), auth: alice.ApiKey})
 	wantProblem(t, missing, http.StatusNotFound, payments.ProblemNoSuchPayment)
 	if !bytes.Equal(foreign.body, missing.body) {
 		t.Errorf("another account's payment %s differs from a missing one %s", foreign.body, missing.body)
 	}
 	wantProblem(t, e.send(request{method: "GET", path: "/payments/abc", auth: alice.ApiKey, invalid: true}), http.StatusNotFound, payments.ProblemNoSuchPayment)
-	res = e.send(request{method: "GET", path: fmt.Sprintf("/payments/%d", p.Id)})
+	res = e.send(request{method: "GET", path: "/payments/" + p.Id.String()})
 	wantProblem(t, res, http.StatusUnauthorized, idemhttp.ProblemUnauthorized)
 }
 
@@ -71,7 +72,7 @@ func (s *settler) Settle(ctx context.Context, tx pgx.Tx, c processor.Charge) err
 	if _, ok := idem.KeyFromContext(ctx); !ok {
 		return errors.New("no idempotency key in the settler's context")
 	}
-	if _, err := tx.Exec(ctx, "update payments set processor_id = $2 where id = $1", c.PaymentID, fmt.Sprintf("ch_%d", c.PaymentID)); err != nil {
+	if _, err := tx.Exec(ctx, "update payments set processor_id = $2 where id = $1", c.PaymentID, "ch_"+c.PaymentID.String()); err != nil {
 		return err
 	}
 	if s.failOn != nil && s.failOn(n) {
@@ -94,7 +95,7 @@ func TestSettlerRunsInThePaymentsTransaction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := payments.NewHandler(pool, keys, s, nil, nil)
+		h, err := payments.NewHandler(pool, keys, &payments.Config{Settler: s, PaymentRate: rate.Inf})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,9 +119,9 @@ func TestSettlerRunsInThePaymentsTransaction(t *testing.T) {
 	var p api.Payment
 	decodeInto(t, ok, &p)
 	var got api.PaymentStatus
-	decodeInto(t, e.send(request{method: "GET", path: fmt.Sprintf("/payments/%d", p.Id), auth: a.ApiKey}), &got)
-	if !got.Settled || got.ProcessorId == nil || *got.ProcessorId != fmt.Sprintf("ch_%d", p.Id) {
-		t.Fatalf("GET: %+v, want settled by ch_%d", got, p.Id)
+	decodeInto(t, e.send(request{method: "GET", path: "/payments/" + p.Id.String(), auth: a.ApiKey}), &got)
+	if !got.Settled || got.ProcessorId == nil || *got.ProcessorId != "ch_"+p.Id.String() {
+		t.Fatalf("GET: %+v, want settled by ch_%s", got, p.Id)
 	}
 	if bal, n := e.balance(a.Id), e.payments(a.Id); bal != 900 || n != 1 {
 		t.Fatalf("balance %d with %d payments, want 900 and 1", bal, n)

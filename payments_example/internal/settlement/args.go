@@ -1,8 +1,7 @@
 package settlement
 
 import (
-	"strconv"
-
+	"github.com/google/uuid"
 	"github.com/riverqueue/river"
 
 	"github.com/idemhq/idem/payments_example/processor"
@@ -37,4 +36,4 @@ func (Args) InsertOpts() river.InsertOpts {
 // reuses an Idempotency-Key after it expired (the derived key would
 // otherwise come back the same, with another payment: a processor refuses
 // that, 422).
-func Purpose(payment int64) string { return "payments/settle/" + strconv.FormatInt(payment, 10) }
+func Purpose(payment uuid.UUID) string { return "payments/settle/" + payment.String() }

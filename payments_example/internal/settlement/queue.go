@@ -33,7 +33,7 @@ func (q *Queue) Settle(ctx context.Context, tx pgx.Tx, c processor.Charge) error
 		return fmt.Errorf("settlement: %w", err)
 	}
 	if _, err := q.river.InsertTx(ctx, tx, Args{Charge: c, Key: key}, nil); err != nil {
-		return fmt.Errorf("settlement: insert the job of payment %d: %w", c.PaymentID, err)
+		return fmt.Errorf("settlement: insert the job of payment %s: %w", c.PaymentID, err)
 	}
 	return nil
 }

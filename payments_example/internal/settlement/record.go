@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,16 +25,16 @@ var (
 
 // record records charge id of the processor as payment's settlement, in
 // tx. Recording the same charge again is a no-op that succeeds.
-func record(ctx context.Context, tx pgx.Tx, payment int64, id string) error {
+func record(ctx context.Context, tx pgx.Tx, payment uuid.UUID, id string) error {
 	var recorded string
 	err := tx.QueryRow(ctx, recordSQL, payment, id).Scan(&recorded)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w: %d", errNoPayment, payment)
+		return fmt.Errorf("%w: %s", errNoPayment, payment)
 	case err != nil:
-		return fmt.Errorf("settlement: record the charge of payment %d: %w", payment, err)
+		return fmt.Errorf("settlement: record the charge of payment %s: %w", payment, err)
 	case recorded != id:
-		return fmt.Errorf("%w: payment %d, recorded %s, answered %s", errOtherCharge, payment, recorded, id)
+		return fmt.Errorf("%w: payment %s, recorded %s, answered %s", errOtherCharge, payment, recorded, id)
 	}
 	return nil
 }

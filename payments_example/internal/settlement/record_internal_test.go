@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/internal/testdb"
@@ -21,9 +22,9 @@ func TestRecordIsIdempotent(t *testing.T) {
 	if err := payments.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	var payment int64
-	err := pool.QueryRow(ctx, `with a as (insert into accounts (owner, balance) values ('ada', 0) returning id)
-		insert into payments (account_id, amount, currency) select id, 1, 'USD' from a returning id`).Scan(&payment)
+	account, payment := uuid.New(), uuid.New()
+	_, err := pool.Exec(ctx, `with a as (insert into accounts (id, owner, balance, api_key_sha256) values ($1, 'ada', 0, sha256('k')) returning id)
+		insert into payments (id, account_id, amount, currency) select $2, id, 1, 'USD' from a`, account, payment)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestRecordIsIdempotent(t *testing.T) {
 	if id2, _ := settledAt(); id2 != "ch_1" {
 		t.Fatalf("another charge overwrote the first: %s", id2)
 	}
-	if err := in(func(tx pgx.Tx) error { return record(ctx, tx, payment+1, "ch_3") }); !errors.Is(err, errNoPayment) {
+	if err := in(func(tx pgx.Tx) error { return record(ctx, tx, uuid.New(), "ch_3") }); !errors.Is(err, errNoPayment) {
 		t.Fatalf("a missing payment: %v, want errNoPayment", err)
 	}
 }

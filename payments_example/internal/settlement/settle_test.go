@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"golang.org/x/time/rate"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/payments_example/api"
@@ -67,7 +69,7 @@ func newService(t *testing.T, cfg processor.FakeConfig, settle func(s *service) 
 	if settle != nil {
 		settler = settle(s)
 	}
-	h, err := payments.NewHandler(pool, keys, settler, nil, nil)
+	h, err := payments.NewHandler(pool, keys, &payments.Config{Settler: settler, PaymentRate: rate.Inf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,19 +124,25 @@ func (s *service) do(method, path, apiKey, key, body string) (int, []byte) {
 	return res.StatusCode, b
 }
 
+// signUp opens an account and sets its balance (in the database: sign-up
+// opens every account with payments.OpeningBalance).
 func (s *service) signUp(balance int64) api.AccountCreated {
 	s.t.Helper()
-	status, body := s.do("POST", "/accounts", "", "", fmt.Sprintf(`{"owner": "ada", "balance": %d}`, balance))
+	status, body := s.do("POST", "/accounts", "", "", `{"owner": "ada"}`)
 	var a api.AccountCreated
 	if err := json.Unmarshal(body, &a); err != nil || status != http.StatusCreated {
 		s.t.Fatalf("sign up: %d %s", status, body)
 	}
+	if _, err := s.pool.Exec(s.t.Context(), "update accounts set balance = $2 where id = $1", a.Id, balance); err != nil {
+		s.t.Fatal(err)
+	}
+	a.Balance = balance
 	return a
 }
 
 func (s *service) pay(a api.AccountCreated, key string, amount int64) (int, api.Payment) {
 	s.t.Helper()
-	status, body := s.do("POST", "/payments", a.ApiKey, key, fmt.Sprintf(`{"account_id": %d, "amount": %d, "currency": "USD"}`, a.Id, amount))
+	status, body := s.do("POST", "/payments", a.ApiKey, key, fmt.Sprintf(`{"account_id": %q, "amount": %d, "currency": "USD"}`, a.Id, amount))
 	var p api.Payment
 	if status == http.StatusCreated {
 		if err := json.Unmarshal(body, &p); err != nil {
@@ -144,22 +152,22 @@ func (s *service) pay(a api.AccountCreated, key string, amount int64) (int, api.
 	return status, p
 }
 
-func (s *service) get(a api.AccountCreated, id int64) api.PaymentStatus {
+func (s *service) get(a api.AccountCreated, id uuid.UUID) api.PaymentStatus {
 	s.t.Helper()
-	status, body := s.do("GET", fmt.Sprintf("/payments/%d", id), a.ApiKey, "", "")
+	status, body := s.do("GET", "/payments/"+id.String(), a.ApiKey, "", "")
 	var p api.PaymentStatus
 	if err := json.Unmarshal(body, &p); err != nil || status != http.StatusOK {
-		s.t.Fatalf("GET /payments/%d: %d %s", id, status, body)
+		s.t.Fatalf("GET /payments/%s: %d %s", id, status, body)
 	}
 	return p
 }
 
 // waitSettled polls GET /payments/{id} until every payment of ids is
 // settled, and returns what it answered last.
-func (s *service) waitSettled(a api.AccountCreated, ids []int64) map[int64]api.PaymentStatus {
+func (s *service) waitSettled(a api.AccountCreated, ids []uuid.UUID) map[uuid.UUID]api.PaymentStatus {
 	s.t.Helper()
 	deadline := time.Now().Add(liveness)
-	got := map[int64]api.PaymentStatus{}
+	got := map[uuid.UUID]api.PaymentStatus{}
 	for {
 		pending := 0
 		for _, id := range ids {
@@ -193,8 +201,8 @@ func TestSettleExactlyOnce(t *testing.T) {
 	})
 	a := s.signUp(1000)
 	const n = 20
-	var ids []int64
-	keys := map[int64]string{}
+	var ids []uuid.UUID
+	keys := map[uuid.UUID]string{}
 	for i := range n {
 		key := fmt.Sprintf("settle-%d", i)
 		status, p := s.pay(a, key, 10)
@@ -218,14 +226,14 @@ func TestSettleExactlyOnce(t *testing.T) {
 	}
 	for _, c := range charges {
 		p, ok := settled[c.PaymentID]
-		want := idem.CallKey{Scope: fmt.Sprintf("account:%d", a.Id), Key: keys[c.PaymentID]}.Derive(settlement.Purpose(c.PaymentID))
+		want := idem.CallKey{Scope: "account:" + a.Id.String(), Key: keys[c.PaymentID]}.Derive(settlement.Purpose(c.PaymentID))
 		switch {
 		case !ok:
-			t.Errorf("charge %s for payment %d, which was not made", c.ID, c.PaymentID)
+			t.Errorf("charge %s for payment %s, which was not made", c.ID, c.PaymentID)
 		case p.ProcessorId == nil || *p.ProcessorId != c.ID:
-			t.Errorf("payment %d shows %v, the processor charged %s", c.PaymentID, p.ProcessorId, c.ID)
+			t.Errorf("payment %s shows %v, the processor charged %s", c.PaymentID, p.ProcessorId, c.ID)
 		case c.Key != want || c.AccountID != a.Id || c.Amount != 10 || c.Currency != "USD":
-			t.Errorf("charge %+v, want key %s, account %d, 10 USD", c, want, a.Id)
+			t.Errorf("charge %+v, want key %s, account %s, 10 USD", c, want, a.Id)
 		}
 	}
 	st := s.fake.Stats()
@@ -251,7 +259,7 @@ func TestQueueNeedsAKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		return settlement.NewQueue(rc).Settle(t.Context(), tx, processor.Charge{PaymentID: 1, AccountID: 1, Amount: 1, Currency: "USD"})
+		return settlement.NewQueue(rc).Settle(t.Context(), tx, processor.Charge{PaymentID: uuid.New(), AccountID: uuid.New(), Amount: 1, Currency: "USD"})
 	})
 	if !errors.Is(err, idem.ErrNoKey) {
 		t.Fatalf("Settle without a key: %v, want idem.ErrNoKey", err)

@@ -70,7 +70,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 		errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UniqueViolation: // the charge id settles another payment
 		return w.give(ctx, job, err)
 	case err != nil:
-		return fmt.Errorf("settlement: record the charge of payment %d: %w", job.Args.PaymentID, err)
+		return fmt.Errorf("settlement: record the charge of payment %s: %w", job.Args.PaymentID, err)
 	}
 	return nil
 }

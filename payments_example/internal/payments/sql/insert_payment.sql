@@ -1,3 +1,2 @@
-INSERT INTO payments (account_id, amount, currency)
-VALUES ($1, $2, $3)
-RETURNING id
+INSERT INTO payments (id, account_id, amount, currency)
+VALUES ($1, $2, $3, $4)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +47,9 @@ func eagerClient(pool *pgxpool.Pool) (*idem.Client, error) {
 }
 
 var eager = variant{"eager", func(ctx context.Context, pool *pgxpool.Pool, c *client) error {
+	if !protocolswitch.Built {
+		return errors.New("the eager variant needs idem built with -tags idembench (make bench passes it)")
+	}
 	keys, err := eagerClient(pool)
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@
 // The schedule (which call is fresh, a retry or a race) derives from -seed,
 // so every worker knows the race keys without talking to the others.
 //
-//	go run ./cmd/idem-load -ops 100000 -workers 4 -clients 8
+//	go run ./idem-load -ops 100000 -workers 4 -clients 8
 //
 // With -crash it is the crash test instead (crash.go): -apps application
 // processes serve the operations over HTTP through idemhttp, the clients run

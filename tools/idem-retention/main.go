@@ -11,10 +11,10 @@
 // samples the table every -sample, prints the samples and a side-by-side
 // summary, and drops the database.
 //
-//	go run ./cmd/idem-retention                    # 3 minutes per layout, TTL 30s, 10s partitions
-//	go run ./cmd/idem-retention -short             # 45 s per layout, TTL 5s, 2s partitions
-//	go run ./cmd/idem-retention -duration 10m -ttl 1m -interval 20s
-//	go run ./cmd/idem-retention -rounds 2 -duration 90s   # alternate the layouts
+//	go run ./idem-retention                    # 3 minutes per layout, TTL 30s, 10s partitions
+//	go run ./idem-retention -short             # 45 s per layout, TTL 5s, 2s partitions
+//	go run ./idem-retention -duration 10m -ttl 1m -interval 20s
+//	go run ./idem-retention -rounds 2 -duration 90s   # alternate the layouts
 package main
 
 import (

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
@@ -44,13 +46,20 @@ func newPayFixture(t *testing.T) *payFixture {
 	}
 	f := &payFixture{t: t, ctx: ctx, pool: pool, s: &paymentsService{accounts: 3, replays: map[opKey]opResult{}}}
 	for i, start := range []int64{100, 1_000_000, 1_000_000} {
-		acc := payAccount{start: start, low: i == 0}
-		if err := pool.QueryRow(ctx, "INSERT INTO accounts (owner, balance) VALUES ('t', $1) RETURNING id", start).Scan(&acc.id); err != nil {
-			t.Fatal(err)
-		}
+		acc := payAccount{id: f.newAccount(start), start: start, low: i == 0}
 		f.s.principals = append(f.s.principals, acc)
 	}
 	return f
+}
+
+// newAccount opens an account holding balance, as the service does (a
+// random id, the hash of an API key of its own), and returns its id.
+func (f *payFixture) newAccount(balance int64) uuid.UUID {
+	f.t.Helper()
+	id := uuid.New()
+	apiKeyHash := sha256.Sum256([]byte("sk_" + id.String()))
+	f.exec("INSERT INTO accounts (id, owner, balance, api_key_sha256) VALUES ($1, 't', $2, $3)", id, balance, apiKeyHash[:])
+	return id
 }
 
 func (f *payFixture) exec(sql string, args ...any) {
@@ -63,14 +72,22 @@ func (f *payFixture) exec(sql string, args ...any) {
 func (f *payFixture) account(principal int) payAccount { return f.s.principals[principal-1] }
 
 // charge commits a payment of amount on principal's account, as the
-// service does, and returns its id and the balance right after it.
-func (f *payFixture) charge(principal int, amount int64) (id, balance int64) {
+// service does (a random id), and returns its id and the balance right
+// after it.
+func (f *payFixture) charge(principal int, amount int64) (id uuid.UUID, balance int64) {
+	f.t.Helper()
+	return f.chargeAs(uuid.New(), principal, amount)
+}
+
+// chargeAs is charge with the payment's id given.
+func (f *payFixture) chargeAs(payment uuid.UUID, principal int, amount int64) (id uuid.UUID, balance int64) {
 	f.t.Helper()
 	acc := f.account(principal)
 	if err := f.pool.QueryRow(f.ctx, "UPDATE accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance", acc.id, amount).Scan(&balance); err != nil {
 		f.t.Fatal(err)
 	}
-	if err := f.pool.QueryRow(f.ctx, "INSERT INTO payments (account_id, amount, currency) VALUES ($1, $2, 'USD') RETURNING id", acc.id, amount).Scan(&id); err != nil {
+	if err := f.pool.QueryRow(f.ctx, "INSERT INTO payments (id, account_id, amount, currency) VALUES ($1, $2, $3, 'USD') RETURNING id",
+		payment, acc.id, amount).Scan(&id); err != nil {
 		f.t.Fatal(err)
 	}
 	return id, balance
@@ -102,7 +119,7 @@ func (f *payFixture) answer(class string, principal int, key string, status int,
 
 // paid makes a payment for key as the service would (the charge, the key
 // row, the client's answer and the end's replay) and returns its id.
-func (f *payFixture) paid(principal int, key string) int64 {
+func (f *payFixture) paid(principal int, key string) uuid.UUID {
 	f.t.Helper()
 	id, balance := f.charge(principal, payAmountOf(key))
 	f.keyRow(principal, key, "completed")
@@ -110,8 +127,8 @@ func (f *payFixture) paid(principal int, key string) int64 {
 	return id
 }
 
-func (f *payFixture) paymentBody(principal int, key string, id, balance int64) string {
-	return fmt.Sprintf(`{"account_id":%d,"amount":%d,"balance":%d,"id":%d}`+"\n", f.account(principal).id, payAmountOf(key), balance, id)
+func (f *payFixture) paymentBody(principal int, key string, id uuid.UUID, balance int64) string {
+	return fmt.Sprintf(`{"account_id":%q,"amount":%d,"balance":%d,"id":%q}`+"\n", f.account(principal).id.String(), payAmountOf(key), balance, id.String())
 }
 
 const refusalBody = `{"type":"/problems/payments/insufficient-funds","title":"Insufficient funds","status":402,"detail":"the balance does not cover the amount"}` + "\n"
@@ -126,19 +143,26 @@ func (f *payFixture) refused(principal int, key string) {
 // of want.
 func (f *payFixture) check(want ...string) {
 	f.t.Helper()
-	fig := tally([][]opResult{f.results}, f.records, len(f.records))
-	if err := reconcilePayments(f.ctx, f.pool.Config().ConnString(), f.s, [][]opResult{f.results}, fig); err != nil {
-		f.t.Fatal(err)
+	violations := f.violations()
+	if len(violations) > 20 {
+		f.t.Fatalf("more violations than are listed; split the case: %v", violations)
 	}
-	if len(fig.violations) > 20 {
-		f.t.Fatalf("more violations than are listed; split the case: %v", fig.violations)
-	}
-	all := strings.Join(fig.violations, "\n")
+	all := strings.Join(violations, "\n")
 	for _, w := range want {
 		if !strings.Contains(all, w) {
 			f.t.Errorf("no violation mentions %q; got:\n%s", w, all)
 		}
 	}
+}
+
+// violations reconciles and returns the violations found.
+func (f *payFixture) violations() []string {
+	f.t.Helper()
+	fig := tally([][]opResult{f.results}, f.records, len(f.records))
+	if err := reconcilePayments(f.ctx, f.pool.Config().ConnString(), f.s, [][]opResult{f.results}, fig); err != nil {
+		f.t.Fatal(err)
+	}
+	return fig.violations
 }
 
 // TestReconcilePaymentsFindsViolations feeds the payments reconciliation a
@@ -157,7 +181,7 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 			f.exec("UPDATE payments SET processor_id = $2 WHERE id = $1", id, fmt.Sprint("ch-", id))
 			f.exec("INSERT INTO river_job (kind, state) VALUES ('settle_payment', 'completed')")
 			f.s.charges = append(f.s.charges, fakeCharge{ID: fmt.Sprint("ch-", id),
-				Key:       idem.CallKey{Scope: acc.scope(), Key: "k1"}.Derive(fmt.Sprintf("payments/settle/%d", id)),
+				Key:       idem.CallKey{Scope: acc.scope(), Key: "k1"}.Derive("payments/settle/" + id.String()),
 				PaymentID: id, AccountID: acc.id, Amount: payAmountOf("k1"), Currency: "USD"})
 		}
 		f.answer(classRetry, 3, "k1", 201, string(f.results[1].body), true, false)
@@ -211,12 +235,13 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 		// amount; k-balance the wrong balance; k-twin-a and k-twin-b the
 		// same payment; a payment no one was answered; principal 1 (100)
 		// charged beyond its balance by payments no one was answered.
+		lost := uuid.New()
 		f.keyRow(2, "k-lost", "completed")
-		f.answer(classFresh, 2, "k-lost", 201, f.paymentBody(2, "k-lost", 999_999, 1), false, true)
+		f.answer(classFresh, 2, "k-lost", 201, f.paymentBody(2, "k-lost", lost, 1), false, true)
 		asked, balance := f.charge(2, payAmountOf("k-asked"))
 		f.keyRow(2, "k-asked", "completed")
-		f.answer(classFresh, 2, "k-asked", 201, fmt.Sprintf(`{"account_id":%d,"amount":%d,"balance":%d,"id":%d}`,
-			f.account(2).id, payAmountOf("k-asked")+1, balance, asked), false, true)
+		f.answer(classFresh, 2, "k-asked", 201, fmt.Sprintf(`{"account_id":%q,"amount":%d,"balance":%d,"id":%q}`,
+			f.account(2).id.String(), payAmountOf("k-asked")+1, balance, asked.String()), false, true)
 		held, balance := f.charge(2, payAmountOf("k-held")+1)
 		f.keyRow(2, "k-held", "completed")
 		f.answer(classFresh, 2, "k-held", 201, f.paymentBody(2, "k-held", held, balance), false, true)
@@ -233,16 +258,47 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 		over1, _ := f.charge(1, 60)
 		over2, _ := f.charge(1, 60)
 		f.check(
-			"key k-lost of principal 2: answered payment 999999, which is not in the database",
-			fmt.Sprintf("key k-asked of principal 2: answered payment {ID:%d", asked),
-			fmt.Sprintf("key k-held of principal 2: answered payment {ID:%d", held),
+			fmt.Sprintf("key k-lost of principal 2: answered payment %s, which is not in the database", lost),
+			fmt.Sprintf("key k-asked of principal 2: answered payment {ID:%s", asked),
+			fmt.Sprintf("key k-held of principal 2: answered payment {ID:%s", held),
 			"key k-balance of principal 2: answered balance",
-			fmt.Sprintf("payment %d answered to 2 keys", twin),
-			fmt.Sprintf("payment %d (account %d, 5) that no client was answered", phantom, f.account(3).id),
-			fmt.Sprintf("payment %d (account %d, 60) that no client was answered", over1, f.account(1).id),
-			fmt.Sprintf("account %d: balance -20 after payment %d", f.account(1).id, over2),
-			fmt.Sprintf("account %d: balance -20", f.account(1).id),
+			fmt.Sprintf("payment %s answered to 2 keys", twin),
+			fmt.Sprintf("payment %s (account %s, 5) that no client was answered", phantom, f.account(3).id),
+			fmt.Sprintf("payment %s (account %s, 60) that no client was answered", over1, f.account(1).id),
+			fmt.Sprintf("account %s: balance -20 after payment %s", f.account(1).id, over2),
+			fmt.Sprintf("account %s: balance -20", f.account(1).id),
 		)
+	})
+
+	t.Run("charge order", func(t *testing.T) {
+		// Principal 2's payments committed in the order k-o1, k-o2, k-o3,
+		// but their ids, and the starts of their transactions, are in the
+		// reverse order: the balances answered say the order, and every
+		// one is right.
+		f := newPayFixture(t)
+		for i, key := range []string{"k-o1", "k-o2", "k-o3"} {
+			id, balance := f.chargeAs(uuid.UUID{byte(0xf0 - 0x70*i)}, 2, payAmountOf(key))
+			f.exec("UPDATE payments SET created_at = now() - make_interval(secs => $2) WHERE id = $1", id, i)
+			f.keyRow(2, key, "completed")
+			f.answer(classFresh, 2, key, 201, f.paymentBody(2, key, id, balance), false, true)
+		}
+		if v := f.violations(); len(v) != 0 {
+			t.Fatalf("violations for charges answered in order: %v", v)
+		}
+	})
+
+	t.Run("charge order violated", func(t *testing.T) {
+		// k-x and k-y committed in that order, but k-x was answered the
+		// balance after k-y and k-y the balance after k-x: no order of the
+		// two charges gives both, though the final balance is right.
+		f := newPayFixture(t)
+		x, afterX := f.charge(3, payAmountOf("k-x"))
+		y, afterY := f.charge(3, payAmountOf("k-y"))
+		f.keyRow(3, "k-x", "completed")
+		f.answer(classFresh, 3, "k-x", 201, f.paymentBody(3, "k-x", x, afterY), false, true)
+		f.keyRow(3, "k-y", "completed")
+		f.answer(classFresh, 3, "k-y", 201, f.paymentBody(3, "k-y", y, afterX), false, true)
+		f.check(fmt.Sprintf("key k-y of principal 3: answered balance %d, the balance right after payment %s was %d", afterX, y, 1_000_000-payAmountOf("k-y")))
 	})
 
 	t.Run("balances and refusals", func(t *testing.T) {
@@ -255,16 +311,13 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 		f.refused(2, "k-unjust")
 		f.keyRow(1, "k-type", "refused")
 		f.answer(classFresh, 1, "k-type", 402, `{"type":"about:blank","status":402}`, false, true)
-		var stranger int64
-		if err := f.pool.QueryRow(f.ctx, "INSERT INTO accounts (owner, balance) VALUES ('x', 0) RETURNING id").Scan(&stranger); err != nil {
-			t.Fatal(err)
-		}
-		f.exec("INSERT INTO payments (account_id, amount, currency) VALUES ($1, 1, 'USD')", stranger)
+		stranger := f.newAccount(0)
+		f.exec("INSERT INTO payments (id, account_id, amount, currency) VALUES ($1, $2, 1, 'USD')", uuid.New(), stranger)
 		f.check(
-			fmt.Sprintf("account %d: balance %d, opening balance 1000000 less its payments", f.account(3).id, 1_000_000-payAmountOf("k-fine")+1),
-			fmt.Sprintf("key k-unjust of principal 2: refused for insufficient funds, but account %d still holds 1000000", f.account(2).id),
+			fmt.Sprintf("account %s: balance %d, opening balance 1000000 less its payments", f.account(3).id, 1_000_000-payAmountOf("k-fine")+1),
+			fmt.Sprintf("key k-unjust of principal 2: refused for insufficient funds, but account %s still holds 1000000", f.account(2).id),
 			"key k-type of principal 1: 402 {\"type\":\"about:blank\",\"status\":402}, not the insufficient-funds problem",
-			fmt.Sprintf("on account %d, which no principal of the run owns", stranger),
+			fmt.Sprintf("on account %s, which no principal of the run owns", stranger),
 		)
 	})
 
@@ -284,10 +337,10 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 		f.keyRow(3, "k-ghost", "completed")
 		f.check(
 			"key k-status of principal 2: answered 201, key row refused",
-			fmt.Sprintf("key k-norow of principal 2: answered 201, no key row in scope account:%d", f.account(2).id),
-			fmt.Sprintf("key k-unscoped of principal 2: answered 201, no key row in scope account:%d", f.account(2).id),
+			fmt.Sprintf("key k-norow of principal 2: answered 201, no key row in scope account:%s", f.account(2).id),
+			fmt.Sprintf("key k-unscoped of principal 2: answered 201, no key row in scope account:%s", f.account(2).id),
 			`key row "k-unscoped" in scope "" (completed) that no client was answered`,
-			fmt.Sprintf(`key row "k-ghost" in scope "account:%d" (completed) that no client was answered`, f.account(3).id),
+			fmt.Sprintf(`key row "k-ghost" in scope "account:%s" (completed) that no client was answered`, f.account(3).id),
 		)
 	})
 
@@ -319,12 +372,12 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 		f.s.procURL = "http://processor"
 		f.s.settleErr = errors.New("3 payments not settled at the deadline")
 		f.s.procStats.Rejected = 1
-		charge := func(key string, id int64, processorID string) fakeCharge {
+		charge := func(key string, id uuid.UUID, processorID string) fakeCharge {
 			acc := f.account(2)
-			return fakeCharge{ID: processorID, Key: idem.CallKey{Scope: acc.scope(), Key: key}.Derive(fmt.Sprintf("payments/settle/%d", id)),
+			return fakeCharge{ID: processorID, Key: idem.CallKey{Scope: acc.scope(), Key: key}.Derive("payments/settle/" + id.String()),
 				PaymentID: id, AccountID: acc.id, Amount: payAmountOf(key), Currency: "USD"}
 		}
-		ids := map[string]int64{}
+		ids := map[string]uuid.UUID{}
 		for _, key := range []string{"p-once", "p-twice", "p-none", "p-otherkey", "p-recorded", "p-amount"} {
 			ids[key] = f.paid(2, key)
 			f.exec("INSERT INTO river_job (kind, state) VALUES ('settle_payment', 'completed')")
@@ -337,6 +390,7 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 		otherKey.Key = "not-derived"
 		amount := charge("p-amount", ids["p-amount"], "ch-p-amount")
 		amount.Amount++
+		ghost := uuid.New()
 		f.s.charges = []fakeCharge{
 			charge("p-once", ids["p-once"], "ch-p-once"),
 			charge("p-twice", ids["p-twice"], "ch-p-twice"),
@@ -344,16 +398,16 @@ func TestReconcilePaymentsFindsViolations(t *testing.T) {
 			otherKey,
 			charge("p-recorded", ids["p-recorded"], "ch-elsewhere"),
 			amount,
-			{ID: "ch-ghost", PaymentID: 999_999, AccountID: f.account(2).id, Amount: 1, Currency: "USD"},
+			{ID: "ch-ghost", PaymentID: ghost, AccountID: f.account(2).id, Amount: 1, Currency: "USD"},
 		}
 		f.check(
 			"settlement: 3 payments not settled at the deadline",
-			fmt.Sprintf("payment %d charged 2 times at the processor", ids["p-twice"]),
-			fmt.Sprintf("payment %d charged 0 times at the processor", ids["p-none"]),
-			fmt.Sprintf("processor charge ch-p-otherkey for payment %d under key not-derived", ids["p-otherkey"]),
-			fmt.Sprintf(`payment %d records charge "ch-p-recorded", the processor charged ch-elsewhere`, ids["p-recorded"]),
+			fmt.Sprintf("payment %s charged 2 times at the processor", ids["p-twice"]),
+			fmt.Sprintf("payment %s charged 0 times at the processor", ids["p-none"]),
+			fmt.Sprintf("processor charge ch-p-otherkey for payment %s under key not-derived", ids["p-otherkey"]),
+			fmt.Sprintf(`payment %s records charge "ch-p-recorded", the processor charged ch-elsewhere`, ids["p-recorded"]),
 			fmt.Sprintf("processor charge ch-p-amount: %d USD", payAmountOf("p-amount")+1),
-			"processor charge ch-ghost for payment 999999, which did not commit",
+			fmt.Sprintf("processor charge ch-ghost for payment %s, which did not commit", ghost),
 			"the processor rejected 1 calls",
 			"settlement jobs by state map[completed:5 retryable:1], want 6 completed",
 		)

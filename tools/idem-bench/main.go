@@ -8,9 +8,9 @@
 // then again over an emulated network (a proxy that delays every packet),
 // prints medians and side-by-side ratios, and drops the database.
 //
-//	go run ./cmd/idem-bench [-cycles 15] [-slice 400ms] [-clients 1,8,32] [-rtt 1ms]
-//	go run ./cmd/idem-bench -components   # server CPU of each protocol piece
-//	go run ./cmd/idem-bench -http         # idemhttp against a bare handler, and memory per request
+//	go run ./idem-bench [-cycles 15] [-slice 400ms] [-clients 1,8,32] [-rtt 1ms]
+//	go run ./idem-bench -components   # server CPU of each protocol piece
+//	go run ./idem-bench -http         # idemhttp against a bare handler, and memory per request
 package main
 
 import (

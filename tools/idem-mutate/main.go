@@ -24,9 +24,9 @@
 // total, keeps every run's output in a log directory, and exits 1 unless
 // every mutation was caught.
 //
-//	go run ./cmd/idem-mutate                       # every mutation
-//	go run ./cmd/idem-mutate -run 'claim|sweep'    # those whose name matches
-//	go run ./cmd/idem-mutate -check                # only check that each applies
+//	go run ./idem-mutate                       # every mutation
+//	go run ./idem-mutate -run 'claim|sweep'    # those whose name matches
+//	go run ./idem-mutate -check                # only check that each applies
 package main
 
 import (

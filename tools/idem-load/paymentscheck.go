@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idem"
@@ -15,8 +18,10 @@ import (
 
 // paymentRow is a row of the payments service's payments table.
 type paymentRow struct {
-	account, amount int64
-	processorID     string // "" while not settled
+	account     uuid.UUID
+	amount      int64
+	processorID string    // "" while not settled
+	created     time.Time // its transaction's start
 }
 
 // scopedKey is a row of the key table.
@@ -30,9 +35,8 @@ type scopedKey struct{ scope, key string }
 //     the last replay of the key equal to it too and marked replayed;
 //   - a 201 names a payment row of its account and amount, which no other
 //     key was answered, with the balance the account had right after that
-//     charge (its payments in id order: a charge locks the account's row,
-//     and the payment's id is drawn after that, so ids follow the order in
-//     which an account's charges committed);
+//     charge: the balances answered on an account must be those of one
+//     order of its charges (see chargeOrder);
 //   - a 402 is the insufficient-funds problem, for an amount above the
 //     account's final balance (balances only fall, so it was above the
 //     balance then too), and no payment row stands for it;
@@ -54,8 +58,9 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	balances := map[int64]int64{}
-	var id, balance int64
+	balances := map[uuid.UUID]int64{}
+	var id uuid.UUID
+	var balance int64
 	rows, _ := conn.Query(ctx, "SELECT id, balance FROM accounts")
 	if _, err := pgx.ForEachRow(rows, []any{&id, &balance}, func() error {
 		balances[id] = balance
@@ -63,10 +68,10 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 	}); err != nil {
 		return err
 	}
-	payments := map[int64]paymentRow{}
+	payments := map[uuid.UUID]paymentRow{}
 	var pr paymentRow
-	rows, _ = conn.Query(ctx, "SELECT id, account_id, amount, coalesce(processor_id, '') FROM payments")
-	if _, err := pgx.ForEachRow(rows, []any{&id, &pr.account, &pr.amount, &pr.processorID}, func() error {
+	rows, _ = conn.Query(ctx, "SELECT id, account_id, amount, coalesce(processor_id, ''), created_at FROM payments")
+	if _, err := pgx.ForEachRow(rows, []any{&id, &pr.account, &pr.amount, &pr.processorID, &pr.created}, func() error {
 		payments[id] = pr
 		return nil
 	}); err != nil {
@@ -111,30 +116,59 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 		}
 	}
 
-	// Each account's payments in id order: the balance after each, and
-	// the total.
-	after := map[int64]int64{}
-	spent := map[int64]int64{}
-	owner := map[int64]payAccount{}
+	// The payment each key's first 201 answered, and the balance answered
+	// with each payment (its first key's).
+	answered := map[opKey]*payment{}
+	answeredBalance := map[uuid.UUID]int64{}
+	for _, key := range order {
+		first := answers[key][0]
+		if first.status != http.StatusCreated {
+			continue
+		}
+		var p payment
+		dec := json.NewDecoder(bytes.NewReader(first.body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			fig.violate("%s: undecodable payment %s: %v", key, bytes.TrimSpace(first.body), err)
+			continue
+		}
+		answered[key] = &p
+		if _, ok := answeredBalance[p.ID]; !ok {
+			answeredBalance[p.ID] = p.Balance
+		}
+	}
+
+	// Each account's payments in the order its charges committed: the
+	// balance after each, and the total.
+	owner := map[uuid.UUID]payAccount{}
 	for _, acc := range s.principals {
 		owner[acc.id] = acc
 	}
+	charges := map[uuid.UUID][]uuid.UUID{} // account -> its payments
 	for _, id := range sortedIDs(payments) {
 		p := payments[id]
-		acc, ok := owner[p.account]
-		if !ok {
-			fig.violate("payment %d on account %d, which no principal of the run owns", id, p.account)
+		if _, ok := owner[p.account]; !ok {
+			fig.violate("payment %s on account %s, which no principal of the run owns", id, p.account)
 			continue
 		}
-		spent[p.account] += p.amount
-		after[id] = acc.start - spent[p.account]
-		if after[id] < 0 {
-			fig.violate("account %d: balance %d after payment %d", p.account, after[id], id)
+		charges[p.account] = append(charges[p.account], id)
+	}
+	after := map[uuid.UUID]int64{}
+	spent := map[uuid.UUID]int64{}
+	for _, account := range sortedIDs(charges) {
+		ids := charges[account]
+		slices.SortStableFunc(ids, chargeOrder(payments, answeredBalance))
+		for _, id := range ids {
+			spent[account] += payments[id].amount
+			after[id] = owner[account].start - spent[account]
+			if after[id] < 0 {
+				fig.violate("account %s: balance %d after payment %s", account, after[id], id)
+			}
 		}
 	}
 
 	var paid, refused, paidAnswers, refusedAnswers, lastReplayed int
-	answeredFor := map[int64][]opKey{} // payment id -> keys answered with it
+	answeredFor := map[uuid.UUID][]opKey{} // payment id -> keys answered with it
 	sent := map[scopedKey]bool{}
 	for _, key := range order {
 		acc := s.principals[key.principal-1]
@@ -165,24 +199,21 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 		case http.StatusCreated:
 			paid++
 			paidAnswers += len(got)
-			var p payment
-			dec := json.NewDecoder(bytes.NewReader(first.body))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&p); err != nil {
-				fig.violate("%s: undecodable payment %s: %v", key, bytes.TrimSpace(first.body), err)
-				break
+			p := answered[key]
+			if p == nil {
+				break // undecodable, reported above
 			}
 			answeredFor[p.ID] = append(answeredFor[p.ID], key)
 			row, ok := payments[p.ID]
 			switch {
 			case p.AccountID != acc.id || p.Amount != payAmountOf(key.key):
-				fig.violate("%s: answered payment %+v, asked for %d on account %d", key, p, payAmountOf(key.key), acc.id)
+				fig.violate("%s: answered payment %+v, asked for %d on account %s", key, *p, payAmountOf(key.key), acc.id)
 			case !ok:
-				fig.violate("%s: answered payment %d, which is not in the database", key, p.ID)
+				fig.violate("%s: answered payment %s, which is not in the database", key, p.ID)
 			case row.account != p.AccountID || row.amount != p.Amount:
-				fig.violate("%s: answered payment %+v, the database holds %d on account %d", key, p, row.amount, row.account)
+				fig.violate("%s: answered payment %+v, the database holds %d on account %s", key, *p, row.amount, row.account)
 			case p.Balance != after[p.ID]:
-				fig.violate("%s: answered balance %d, the balance right after payment %d was %d", key, p.Balance, p.ID, after[p.ID])
+				fig.violate("%s: answered balance %d, the balance right after payment %s was %d", key, p.Balance, p.ID, after[p.ID])
 			}
 		case http.StatusPaymentRequired:
 			wantRow = "refused"
@@ -195,7 +226,7 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 				fig.violate("%s: 402 %s, not the insufficient-funds problem", key, bytes.TrimSpace(first.body))
 			}
 			if final := balances[acc.id]; final >= payAmountOf(key.key) {
-				fig.violate("%s: refused for insufficient funds, but account %d still holds %d for %d", key, acc.id, final, payAmountOf(key.key))
+				fig.violate("%s: refused for insufficient funds, but account %s still holds %d for %d", key, acc.id, final, payAmountOf(key.key))
 			}
 		}
 		if st, ok := keyRows[scopedKey{acc.scope(), key.key}]; !ok {
@@ -208,9 +239,9 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 		switch keys := answeredFor[id]; len(keys) {
 		case 1:
 		case 0:
-			fig.violate("payment %d (account %d, %d) that no client was answered", id, payments[id].account, payments[id].amount)
+			fig.violate("payment %s (account %s, %d) that no client was answered", id, payments[id].account, payments[id].amount)
 		default:
-			fig.violate("payment %d answered to %d keys: %v", id, len(keys), keys)
+			fig.violate("payment %s answered to %d keys: %v", id, len(keys), keys)
 		}
 	}
 	for k, st := range keyRows {
@@ -227,11 +258,11 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 		b, ok := balances[acc.id]
 		switch {
 		case !ok:
-			fig.violate("account %d is gone", acc.id)
+			fig.violate("account %s is gone", acc.id)
 		case b != acc.start-spent[acc.id]:
-			fig.violate("account %d: balance %d, opening balance %d less its payments %d is %d", acc.id, b, acc.start, spent[acc.id], acc.start-spent[acc.id])
+			fig.violate("account %s: balance %d, opening balance %d less its payments %d is %d", acc.id, b, acc.start, spent[acc.id], acc.start-spent[acc.id])
 		case b < 0:
-			fig.violate("account %d: balance %d", acc.id, b)
+			fig.violate("account %s: balance %d", acc.id, b)
 		}
 		if acc.low {
 			low, lowFinal = acc, b
@@ -257,31 +288,61 @@ func reconcilePayments(ctx context.Context, dbURL string, s *paymentsService, re
 	return nil
 }
 
+// chargeOrder orders one account's payments as its charges committed, as
+// far as the database and the answers tell. The ids are random and
+// created_at is the start of the payment's transaction, which may have
+// waited for the account's row behind a later one: neither is the order
+// of the charges. The balances answered are: each charge lowers the
+// balance, so the payments answered come first, by the balance answered,
+// highest first. Any balance that does not fit that order (two charges
+// that spent the same money, say) then differs from the one computed for
+// its place. Payments no client was answered, a violation of their own,
+// come after them in the order their transactions began.
+func chargeOrder(payments map[uuid.UUID]paymentRow, answeredBalance map[uuid.UUID]int64) func(a, b uuid.UUID) int {
+	return func(a, b uuid.UUID) int {
+		ba, okA := answeredBalance[a]
+		bb, okB := answeredBalance[b]
+		switch {
+		case okA && okB:
+			return cmp.Compare(bb, ba)
+		case okA:
+			return -1
+		case okB:
+			return 1
+		}
+		return cmp.Or(payments[a].created.Compare(payments[b].created), bytes.Compare(a[:], b[:]))
+	}
+}
+
+// settlePurpose is what the payments service derives the processor's key
+// of a payment's charge for, from the key of the request that made it.
+func settlePurpose(payment uuid.UUID) string { return "payments/settle/" + payment.String() }
+
 // checkSettlement checks the processor's charges against the payments.
-func checkSettlement(fig *crashFigures, s *paymentsService, payments map[int64]paymentRow, answeredFor map[int64][]opKey, jobs map[string]int) {
+func checkSettlement(fig *crashFigures, s *paymentsService, payments map[uuid.UUID]paymentRow, answeredFor map[uuid.UUID][]opKey, jobs map[string]int) {
 	if s.settleErr != nil {
 		fig.violate("settlement: %v", s.settleErr)
 	}
-	perPayment := map[int64]int{}
+	perPayment := map[uuid.UUID]int{}
 	for _, ch := range s.charges {
 		perPayment[ch.PaymentID]++
 		row, ok := payments[ch.PaymentID]
 		if !ok {
-			fig.violate("processor charge %s for payment %d, which did not commit", ch.ID, ch.PaymentID)
+			fig.violate("processor charge %s for payment %s, which did not commit", ch.ID, ch.PaymentID)
 			continue
 		}
 		if row.processorID != ch.ID {
-			fig.violate("payment %d records charge %q, the processor charged %s", ch.PaymentID, row.processorID, ch.ID)
+			fig.violate("payment %s records charge %q, the processor charged %s", ch.PaymentID, row.processorID, ch.ID)
 		}
 		if ch.AccountID != row.account || ch.Amount != row.amount || ch.Currency != "USD" {
-			fig.violate("processor charge %s: %d %s on account %d for payment %d of %d on account %d",
+			fig.violate("processor charge %s: %d %s on account %s for payment %s of %d on account %s",
 				ch.ID, ch.Amount, ch.Currency, ch.AccountID, ch.PaymentID, row.amount, row.account)
 		}
 		if keys := answeredFor[ch.PaymentID]; len(keys) == 1 {
 			acc := s.principals[keys[0].principal-1]
-			want := idem.CallKey{Scope: acc.scope(), Key: keys[0].key}.Derive(fmt.Sprintf("payments/settle/%d", ch.PaymentID))
+			want := idem.CallKey{Scope: acc.scope(), Key: keys[0].key}.Derive(settlePurpose(ch.PaymentID))
 			if ch.Key != want {
-				fig.violate("processor charge %s for payment %d under key %s, want %s (derived from %s)", ch.ID, ch.PaymentID, ch.Key, want, keys[0])
+				fig.violate("processor charge %s for payment %s under key %s, want %s (derived from %s)", ch.ID, ch.PaymentID, ch.Key, want, keys[0])
 			}
 		}
 	}
@@ -291,7 +352,7 @@ func checkSettlement(fig *crashFigures, s *paymentsService, payments map[int64]p
 			unsettled++
 		}
 		if n := perPayment[id]; n != 1 {
-			fig.violate("payment %d charged %d times at the processor", id, n)
+			fig.violate("payment %s charged %d times at the processor", id, n)
 		}
 	}
 	if s.procStats.Rejected != 0 {

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -28,10 +29,13 @@ import (
 // The run signs up -accounts accounts (principals) before the clients
 // start; client c pays from account c mod -accounts with that account's
 // API key as its Bearer token, so clients share accounts and every
-// account's charges contend on its row. The first account's opening
-// balance covers a quarter of what its clients will ask for, so that many
-// of its payments are refused (402, a stored answer); every other
-// account's covers all of it. Keys are spelt the same on several accounts
+// account's charges contend on its row. Every account opens with the
+// service's fixed opening balance, which the run then sets in the
+// database, before any payment, to what the run needs: for the first
+// account a quarter of what its clients will ask for, so that many of its
+// payments are refused (402, a stored answer); for every other account
+// all of it. The service is started without a payment rate limit worth
+// the name (-payment-rate, -payment-burst): a 429 would fail the run. Keys are spelt the same on several accounts
 // (client c's keys are those of every client in the same position on
 // another account), so that a service that did not scope keys by
 // principal would answer 422 or replay another account's payment.
@@ -46,20 +50,20 @@ func payAmountOf(key string) int64 { return amountOf(key)%10_000 + 1 }
 
 // payAccount is one principal of a payments run.
 type payAccount struct {
-	id     int64
+	id     uuid.UUID // random (version 4), the service's
 	apiKey string
 	start  int64 // opening balance
 	low    bool  // opened with too little for its payments: many are refused
 }
 
-func (a payAccount) scope() string { return fmt.Sprintf("account:%d", a.id) }
+func (a payAccount) scope() string { return "account:" + a.id.String() }
 
 // payment is the body of a 201 answer of POST /payments.
 type payment struct {
-	ID        int64 `json:"id"`
-	AccountID int64 `json:"account_id"`
-	Amount    int64 `json:"amount"`
-	Balance   int64 `json:"balance"` // right after this charge
+	ID        uuid.UUID `json:"id"`
+	AccountID uuid.UUID `json:"account_id"`
+	Amount    int64     `json:"amount"`
+	Balance   int64     `json:"balance"` // right after this charge
 }
 
 // problemInsufficientFunds is the type of the payments service's 402.
@@ -67,13 +71,13 @@ const problemInsufficientFunds = "/problems/payments/insufficient-funds"
 
 // fakeCharge and fakeStats are the fake processor's GET /charges.
 type fakeCharge struct {
-	ID        string `json:"id"`
-	Key       string `json:"idempotency_key"`
-	PaymentID int64  `json:"payment_id"`
-	AccountID int64  `json:"account_id"`
-	Amount    int64  `json:"amount"`
-	Currency  string `json:"currency"`
-	Calls     int    `json:"calls"`
+	ID        string    `json:"id"`
+	Key       string    `json:"idempotency_key"`
+	PaymentID uuid.UUID `json:"payment_id"`
+	AccountID uuid.UUID `json:"account_id"`
+	Amount    int64     `json:"amount"`
+	Currency  string    `json:"currency"`
+	Calls     int       `json:"calls"`
 }
 
 type fakeStats struct {
@@ -133,7 +137,10 @@ func freePort() (string, error) {
 
 // launch starts the payments service on addr (a free port the first time)
 // and waits until GET /healthz answers 200: the service answers it once it
-// has created its tables and reaches the database.
+// has created its tables and reaches the database. The service serves no
+// metrics (-metrics-addr empty): the run reads none, and the applications
+// would otherwise all listen on the same default address. Its per-account
+// payment rate limit is set far above what the clients send.
 func (s *paymentsService) launch(dbURL, addr string) (*process, string, error) {
 	if addr == "" {
 		var err error
@@ -141,17 +148,22 @@ func (s *paymentsService) launch(dbURL, addr string) (*process, string, error) {
 			return nil, "", err
 		}
 	}
-	args := []string{"-addr", addr}
+	args := []string{"-addr", addr, "-metrics-addr=", "-payment-rate", unlimitedRate, "-payment-burst", unlimitedRate}
 	if s.procURL != "" {
 		args = append(args, "-processor", s.procURL)
 	}
 	// The service lives until it is killed or the run ends; no context of
 	// the caller's governs it.
 	cmd := exec.CommandContext(context.Background(), s.bin, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "PROCESSOR_URL=")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "PROCESSOR_URL=", "METRICS_ADDR=")
 	return startLogged(cmd, filepath.Join(s.logDir, "payments-"+strings.ReplaceAll(addr, ":", "-")+".log"),
 		addr, "http://"+addr+"/healthz")
 }
+
+// unlimitedRate is the payments service's -payment-rate and
+// -payment-burst in a run: payments per second and account, far more than
+// the clients send, so that no payment is answered 429.
+const unlimitedRate = "1000000"
 
 // startLogged starts cmd with its output appended to logPath and waits
 // until GET ready answers 200, for at most two minutes (a service that
@@ -238,15 +250,21 @@ func (s *paymentsService) openingBalances() []payAccount {
 	return out
 }
 
-// prepare signs up the accounts, through the first application. Sign-up
-// is not idempotent (its answer holds a secret), so it runs before any
-// fault, and any failure ends the run.
+// prepare signs up the accounts, through the first application, and sets
+// each one's opening balance in the database (the service opens every
+// account with the same one). Sign-up is not idempotent (its answer holds
+// a secret), so it runs before any fault, and any failure ends the run.
 func (s *paymentsService) prepare(ctx context.Context, a *apps) error {
 	s.principals = s.openingBalances()
+	conn, err := pgx.Connect(ctx, a.dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
 	hc := &http.Client{Timeout: 30 * time.Second}
 	for i := range s.principals {
 		acc := &s.principals[i]
-		body := fmt.Appendf(nil, `{"owner": "crash test %d", "balance": %d}`, i+1, acc.start)
+		body := fmt.Appendf(nil, `{"owner": "crash test %d"}`, i+1)
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.addr(0)+"/accounts", bytes.NewReader(body))
 		if err != nil {
 			return err
@@ -262,22 +280,31 @@ func (s *paymentsService) prepare(ctx context.Context, a *apps) error {
 			return fmt.Errorf("sign up: %w", err)
 		}
 		var created struct {
-			ID      int64  `json:"id"`
-			APIKey  string `json:"api_key"`
-			Balance int64  `json:"balance"`
+			ID      uuid.UUID `json:"id"`
+			APIKey  string    `json:"api_key"`
+			Balance int64     `json:"balance"`
 		}
 		if res.StatusCode != http.StatusCreated || json.Unmarshal(data, &created) != nil ||
-			created.APIKey == "" || created.Balance != acc.start {
+			created.ID == uuid.Nil || created.APIKey == "" {
 			return fmt.Errorf("sign up: %d %s", res.StatusCode, bytes.TrimSpace(data))
 		}
 		acc.id, acc.apiKey = created.ID, created.APIKey
+		// Only if the balance is still the one sign-up answered: nothing
+		// has paid from the account yet.
+		tag, err := conn.Exec(ctx, "UPDATE accounts SET balance = $3 WHERE id = $1 AND balance = $2", acc.id, created.Balance, acc.start)
+		if err != nil {
+			return fmt.Errorf("set the opening balance of account %s: %w", acc.id, err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("set the opening balance of account %s: no account %s with balance %d", acc.id, acc.id, created.Balance)
+		}
 	}
 	return nil
 }
 
 func (s *paymentsService) request(ctx context.Context, addr string, k opKey) (*http.Request, error) {
 	acc := s.principals[k.principal-1]
-	body := fmt.Appendf(nil, `{"account_id": %d, "amount": %d, "currency": "USD"}`, acc.id, payAmountOf(k.key))
+	body := fmt.Appendf(nil, `{"account_id": %q, "amount": %d, "currency": "USD"}`, acc.id.String(), payAmountOf(k.key))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/payments", unrewindable(body))
 	if err != nil {
 		return nil, err
@@ -414,13 +441,15 @@ func (s *paymentsService) reconcile(ctx context.Context, dbURL string, results [
 	return reconcilePayments(ctx, dbURL, s, results, fig)
 }
 
-// sortedIDs returns m's keys in order.
-func sortedIDs[V any](m map[int64]V) []int64 {
-	ids := make([]int64, 0, len(m))
+// sortedIDs returns m's keys in order (of their bytes, which is that of
+// their text), so that what is reported about them comes in the same order
+// every time.
+func sortedIDs[V any](m map[uuid.UUID]V) []uuid.UUID {
+	ids := make([]uuid.UUID, 0, len(m))
 	for id := range m {
 		ids = append(ids, id)
 	}
-	slices.Sort(ids)
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 	return ids
 }
 
