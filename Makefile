@@ -33,16 +33,10 @@ test: postgres fmt-check vet tidy-check generate-check check-large-files check-m
 	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
 	done; exit $$status
 
-test-long: postgres generate-check-full test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration; about 25 minutes.
+test-long: postgres generate-check-full test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration; about 20 minutes.
 
-# The packages that hold tests gated by IDEM_TEST_LONG=1 (each skips with a
-# message naming make test-long); their short tests run again with them.
-LONG_PACKAGES := ./integration_test
-LONG_PACKAGES_EXAMPLE := .
-
-test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1: the exec-mode x isolation matrix, the largest results, the crash tests that need no root.
-	IDEM_TEST_LONG=1 $(GO) test -race -count=1 -timeout 30m $(LONG_PACKAGES)
-	cd payments_example && IDEM_TEST_LONG=1 $(GO) test -race -count=1 -timeout 20m $(LONG_PACKAGES_EXAMPLE)
+test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1 (scripts/test-long.sh finds them): the exec-mode x isolation matrix, the crash tests that need no root (TestSettleThroughKills, the demo's TestPlay).
+	@./scripts/test-long.sh $(MODULES)
 
 test-linearizability: postgres ## The long linearizability run: several seeds for minutes each, while backends are terminated.
 	IDEM_LINEARIZABILITY=long $(GO) test -race -count=1 -run Linearizab -timeout 30m ./integration_test

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/internal/sqltext"
-	"github.com/idemhq/idem/schema"
 )
 
 var (
@@ -193,10 +192,11 @@ func (m maintainer) partman(ctx context.Context, s *settings) (managed bool, err
 
 // makePartitions makes the partitions of the present and the near future.
 func (m maintainer) makePartitions(ctx context.Context, s *settings) error {
-	sql, err := schema.PartitionsSQL(s.table)
+	t, err := sqltext.ParseTable(s.table)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrInvalidTable, err)
 	}
+	sql := t.Rewrite(partitionsMakeSQL)
 	err = m.tx(ctx, func(tx pgx.Tx) error {
 		if err := lockTimeout(ctx, tx); err != nil {
 			return err

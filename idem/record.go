@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/internal/dbtx"
 )
 
 // Status is the state of a key's row.
@@ -148,7 +150,8 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 // a deliberate reset, such as after a refund. It reports whether there was
 // a row to delete. A key in progress is not touched: Forget returns
 // ErrInProgress at once. A missing key table is an error that says to apply
-// the schema.
+// the schema. A connection lost before the delete's reply is an error
+// wrapping ErrOutcomeUnknown: the key may or may not be forgotten.
 //
 // The operation the key recorded is not undone: a retry after Forget does
 // it again (charges again). A row that will not replay (ErrCorruptRecord)
@@ -170,6 +173,11 @@ func (c *Client) Forget(ctx context.Context, scope, key string) (bool, error) {
 		return q.QueryRow(ctx, c.base.stmts.forget, scope, key, lockKey(scope, key)).Scan(&free, &deleted)
 	})
 	if err != nil {
+		// The delete commits on its own: without its reply, whether the key
+		// was forgotten is unknown (Lookup tells).
+		if _, inTx := c.db.(pgx.Tx); !inTx && dbtx.CommitOutcomeUnknown(err) {
+			return false, fmt.Errorf("%w: forget key: %w", ErrOutcomeUnknown, err)
+		}
 		return false, tableError(c.base.table, "forget key", err)
 	}
 	if !free {

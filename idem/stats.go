@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"time"
 
 	"github.com/idemhq/idem/internal/sqltext"
@@ -70,7 +71,7 @@ type Stats struct {
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	t, err := sqltext.ParseTable(c.base.table)
 	if err != nil {
-		return Stats{}, err
+		return Stats{}, fmt.Errorf("%w: %w", ErrInvalidTable, err)
 	}
 	st := Stats{Table: c.base.table}
 	var oldestMicros int64

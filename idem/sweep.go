@@ -23,8 +23,11 @@ type execer = dbtx.Execer
 // comes back short, or when ctx ends (returning what it deleted so far and
 // ctx's error).
 //
-// On a pool or connection each batch commits on its own. On a Client made
-// with On(tx), the batches commit with that transaction.
+// On a pool or connection each batch commits on its own; a connection lost
+// before a batch's reply is an error wrapping ErrOutcomeUnknown, and the
+// count covers only the batches confirmed (the lost one's keys had expired
+// either way). On a Client made with On(tx), the batches commit with that
+// transaction.
 //
 // On a partitioned key table (schema.ApplyPartitioned) Sweep deletes no
 // rows but those of the DEFAULT partition: it keeps partitions made ahead
@@ -69,6 +72,12 @@ func sweepRows(ctx context.Context, db execer, sql string, s *settings) (int64, 
 		}
 		tag, err := db.Exec(ctx, sql, s.batch)
 		if err != nil {
+			// The batch is its own transaction: without its reply, whether
+			// it deleted its (expired) keys is unknown, and total counts
+			// only the batches confirmed.
+			if _, inTx := db.(pgx.Tx); !inTx && dbtx.CommitOutcomeUnknown(err) {
+				return total, fmt.Errorf("%w: sweep %s: a batch's reply was lost: %w", ErrOutcomeUnknown, s.table, err)
+			}
 			return total, tableError(s.table, "sweep "+s.table, err)
 		}
 		total += tag.RowsAffected()

@@ -73,4 +73,7 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
+// The root module is required at the release this module is tagged with;
+// replace builds it, here, against the code beside it. A user's build ignores
+// replace and takes the tagged release.
 replace github.com/idemhq/idem => ../

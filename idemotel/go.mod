@@ -79,4 +79,7 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
+// The root module is required at the release this module is tagged with;
+// replace builds it, here, against the code beside it. A user's build ignores
+// replace and takes the tagged release.
 replace github.com/idemhq/idem => ../

@@ -53,14 +53,17 @@ func TestClaimWithLockPerNode(t *testing.T) {
 			defer nodes.Close()
 
 			var runs atomic.Int64
-			entered, release := make(chan struct{}, 2), make(chan struct{})
+			// Each run of fn waits for its own release, so that the first
+			// call commits before the second completes.
+			entered := make(chan struct{}, 2)
+			releases := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
 			work := func(tx pgx.Tx) (charge, error) {
-				runs.Add(1)
+				n := runs.Add(1)
 				c := charge{Amount: 3}
 				err := tx.QueryRow(ctx, "INSERT INTO charges (account_id, amount) VALUES (1, 3) RETURNING id").Scan(&c.ID)
 				entered <- struct{}{}
 				select {
-				case <-release:
+				case <-releases[min(n, 2)-1]:
 				case <-ctx.Done():
 					return c, ctx.Err()
 				}
@@ -105,8 +108,10 @@ func TestClaimWithLockPerNode(t *testing.T) {
 						WHERE l.locktype = 'transactionid' AND NOT l.granted AND a.datname = current_database()`) > 0
 				})
 			}
-			close(release)
-			a, b := <-first, <-second
+			close(releases[0])
+			a := <-first
+			close(releases[1])
+			b := <-second
 			if a.err != nil || a.outcome != idem.OutcomeExecuted {
 				t.Fatalf("first call: %v, %v", a.outcome, a.err)
 			}

@@ -107,6 +107,9 @@ require (
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
 
+// The root module is required at the release this module is tagged with;
+// replace builds it, here, against the code beside it. A user's build ignores
+// replace and takes the tagged release.
 replace (
 	github.com/idemhq/idem => ../
 	github.com/idemhq/idem/idemotel => ../idemotel

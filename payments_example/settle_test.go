@@ -48,11 +48,14 @@ type soak struct {
 	fail, lose        float64 // the processor's FakeConfig
 }
 
-// TestSettleThroughKills is the short run that make test always runs: 40
+// TestSettleThroughKills is the short run that make test-long runs: 40
 // payments, one SIGKILL of the service at a random point, a processor that
 // fails 20% of its calls and loses 20% of its answers. It uses the shared
 // PostgreSQL (a database of its own), which it never restarts.
 func TestSettleThroughKills(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("a crash test: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
 	t.Parallel()
 	runSoak(t, testdb.URL(t), nil, soak{payments: 40, workers: 4, kills: 1, fail: 0.2, lose: 0.2})
 }

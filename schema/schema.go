@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
@@ -52,7 +53,7 @@ func Apply(ctx context.Context, db Execer) error {
 func ApplyTable(ctx context.Context, db Execer, table string) error {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
 	}
 	scripts, err := Files()
 	if err != nil {
@@ -88,10 +89,10 @@ func ApplyPartitioned(ctx context.Context, db Execer, table string, interval tim
 	}
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
 	}
 	if interval < time.Second || interval%time.Second != 0 {
-		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", sqltext.ErrInvalidOption, interval)
+		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", idem.ErrInvalidOption, interval)
 	}
 	scripts, err := PartitionedFiles()
 	if err != nil {
@@ -143,7 +144,7 @@ func PartitionedFiles() ([]File, error) { return glob("partitioned/[0-9]*.sql") 
 func PartitionsSQL(table string) (string, error) {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
 	}
 	b, err := files.ReadFile("partitioned/002_idempotency_keys_partitions.sql")
 	if err != nil {

@@ -1,3 +1,8 @@
+// The repository's tools: the benchmarks (idem-bench, idem-retention), the
+// load, crash and failover driver (idem-load), the mutation runner
+// (idem-mutate) and the publishability check (modcheck). A module of its own,
+// so that a library user's build never resolves what they need; replace
+// builds it against the code beside it.
 module github.com/idemhq/idem/tools
 
 go 1.26.0

@@ -4,8 +4,8 @@
 --   $1 the most expired keys to count
 --
 -- Keys in progress are uncommitted rows, which no query on the table can
--- see; each holds the claim's advisory lock (the table's oid, a hash of
--- scope and key: see claim.sql), which pg_locks shows as locktype
+-- see; each holds the claim's shared advisory lock on (the table's oid, 10
+-- bits of the key's lock: see claim.sql), which pg_locks shows as locktype
 -- 'advisory', classid = the table's oid, objsubid = 2, in this database.
 -- Their age is that of the holding transaction (pg_stat_activity).
 --

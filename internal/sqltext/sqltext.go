@@ -6,7 +6,6 @@
 package sqltext
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -16,14 +15,6 @@ import (
 
 // DefaultTable is the table name the embedded SQL is written against.
 const DefaultTable = "idempotency_keys"
-
-// ErrInvalidTable is returned for a table name that is not a plain,
-// optionally schema-qualified, lower-case PostgreSQL identifier.
-var ErrInvalidTable = errors.New("idem: invalid table name")
-
-// ErrInvalidOption is idem.ErrInvalidOption, defined here so that package
-// schema (which package idem imports) can return it too.
-var ErrInvalidOption = errors.New("idem: invalid option")
 
 var (
 	plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -43,16 +34,16 @@ type Table struct {
 func ParseTable(name string) (Table, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
-		return Table{}, fmt.Errorf("%w %q: at most one dot (schema.table)", ErrInvalidTable, name)
+		return Table{}, fmt.Errorf("table name %q: at most one dot (schema.table)", name)
 	}
 	for _, p := range parts {
 		if len(p) == 0 || len(p) > 63 || !plainIdent.MatchString(p) {
-			return Table{}, fmt.Errorf("%w %q: want lower-case letters, digits and underscores, not starting with a digit, 1 to 63 bytes per part", ErrInvalidTable, name)
+			return Table{}, fmt.Errorf("table name %q: want lower-case letters, digits and underscores, not starting with a digit, 1 to 63 bytes per part", name)
 		}
 	}
 	// Leave room for the longest derived name (_request_hash_length_check).
 	if len(parts[len(parts)-1]) > 63-len("_request_hash_length_check") {
-		return Table{}, fmt.Errorf("%w %q: table part longer than %d bytes", ErrInvalidTable, name, 63-len("_request_hash_length_check"))
+		return Table{}, fmt.Errorf("table name %q: table part longer than %d bytes", name, 63-len("_request_hash_length_check"))
 	}
 	if len(parts) == 2 {
 		return Table{schema: parts[0], name: parts[1]}, nil

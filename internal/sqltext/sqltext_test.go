@@ -1,7 +1,6 @@
 package sqltext
 
 import (
-	"errors"
 	"strings"
 	"testing"
 )
@@ -14,8 +13,8 @@ func TestParseTable(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "Keys", "9k", "a.b.c", "a.", ".a", `"k"`, "k; drop table x", "k-1", strings.Repeat("k", 40), "ü"} {
-		if _, err := ParseTable(bad); !errors.Is(err, ErrInvalidTable) {
-			t.Errorf("ParseTable(%q) = %v, want ErrInvalidTable", bad, err)
+		if _, err := ParseTable(bad); err == nil {
+			t.Errorf("ParseTable(%q) = nil, want an error", bad)
 		}
 	}
 }

@@ -35,10 +35,11 @@ import (
 // account a quarter of what its clients will ask for, so that many of its
 // payments are refused (402, a stored answer); for every other account
 // all of it. The service is started without a payment rate limit worth
-// the name (-payment-rate, -payment-burst): a 429 would fail the run. Keys are spelt the same on several accounts
-// (client c's keys are those of every client in the same position on
-// another account), so that a service that did not scope keys by
-// principal would answer 422 or replay another account's payment.
+// the name (-payment-rate, -payment-burst): a 429 would fail the run.
+// Keys are spelt the same on several accounts (client c's keys are those
+// of every client in the same position on another account), so that a
+// service that did not scope keys by principal would answer 422 or replay
+// another account's payment.
 //
 // With -processor the payments service settles every payment at a fake
 // processor (payments_example/cmd/processor, which fails and loses a share

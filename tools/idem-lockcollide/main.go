@@ -36,7 +36,7 @@ import (
 
 func main() {
 	duration := flag.Duration("duration", 30*time.Second, "how long to search")
-	victimScope := flag.String("victim-scope", "account:1", "the victim's scope (account ids are sequential, so guessable)")
+	victimScope := flag.String("victim-scope", "account:1", "the victim's scope (assumed known to the attacker)")
 	victimKey := flag.String("victim-key", "7b0c3f0e-6d43-4c8e-9a59-3f1c2b8d4e11", "the victim's key")
 	attackerScope := flag.String("attacker-scope", "account:2", "the attacker's own scope")
 	verify := flag.Bool("verify", true, "check the computed lock against a real claim on the server first")

@@ -1,8 +1,8 @@
 -- count_locks: keys in progress right now, and how long the oldest holder's
--- transaction has run: idem's claim takes pg_try_advisory_xact_lock(<the
--- table's oid>, <hash of scope and key>), which pg_locks shows as an
--- advisory lock with classid = the table's oid and objsubid = 2. (Forget,
--- and Lookup on the partitioned layout, take it for an instant too.) The
+-- transaction has run: idem's claim takes a shared advisory lock on (<the
+-- table's oid>, <10 bits of the key's lock>), which pg_locks shows as an
+-- advisory lock with classid = the table's oid and objsubid = 2 (see
+-- idem/sql/claim.sql). The
 -- age needs the privilege to
 -- see other roles' sessions in pg_stat_activity (pg_read_all_stats).
 --   $1 the key table
