@@ -102,7 +102,7 @@ func TestCheck(t *testing.T) {
 		role := "idem_check_" + hex.EncodeToString(b)
 		exec(t, "CREATE ROLE "+role+" NOLOGIN")
 		t.Cleanup(func() {
-			pool.Exec(ctx, "REVOKE ALL ON idempotency_keys FROM "+role) //nolint:errcheck // dropped next
+			pool.Exec(ctx, "REVOKE ALL ON idempotency_keys FROM "+role)
 			if _, err := pool.Exec(ctx, "DROP ROLE "+role); err != nil {
 				t.Errorf("drop role %s: %v", role, err)
 			}
@@ -112,7 +112,7 @@ func TestCheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck // read only
+		defer tx.Rollback(ctx)
 		if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role); err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +123,7 @@ func TestCheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck // read only
+		defer tx.Rollback(ctx)
 		wantProblem(t, client(t, idem.DefaultTable).On(tx).Check(ctx), "read-only")
 	})
 }
@@ -145,7 +145,7 @@ func TestSweepLookupForgetStatsOnAMissingTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	defer tx.Rollback(ctx)
 	_, txSweepErr := keys.On(tx).Sweep(ctx)
 	for name, err := range map[string]error{"Sweep": sweepErr, "Sweep in a transaction": txSweepErr, "Lookup": lookupErr, "Forget": forgetErr, "Stats": statsErr} {
 		if err == nil || !strings.Contains(err.Error(), "nowhere does not exist") || !strings.Contains(err.Error(), "idem migrate") {

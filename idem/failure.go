@@ -71,12 +71,6 @@ func commitError(err error, ownsCommit bool) error {
 	return fmt.Errorf("idem: commit: %w", err)
 }
 
-// isServerError reports whether err is an error the server answered.
-func isServerError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
-}
-
 // isKeyLost reports whether the completing statement found no claimed row:
 // its deliberate division by zero.
 func isKeyLost(err error) bool { return isDivisionByZero(err) }

@@ -185,7 +185,10 @@ func runTx[T any, W work[T]](ctx context.Context, s session, c *call, fn W) (T, 
 		finished = true
 		s.abort(ctx)
 		if fnErr != nil {
-			return zero, OutcomeFailed, fmt.Errorf("%w (fn returned: %v)", ErrTxEnded, fnErr)
+			// fn's error is shown, not wrapped: a *Refusal in it must not
+			// pass for a stored refusal.
+			return zero, OutcomeFailed, fmt.Errorf("%w (fn returned: %v)", ErrTxEnded, fnErr) //nolint:errorlint // see above
+
 		}
 		return zero, OutcomeFailed, ErrTxEnded
 	}

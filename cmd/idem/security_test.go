@@ -110,7 +110,7 @@ func fakeServer(t *testing.T, msg string) string {
 					break
 				}
 				be.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: "28000", Message: msg})
-				be.Flush() //nolint:errcheck // the client reads it or not
+				be.Flush()
 			}()
 		}
 	}()

@@ -12,12 +12,12 @@ import (
 type CommitOutcome int
 
 const (
-	// Committed: COMMIT's own reply confirmed it.
+	// Committed means COMMIT's own reply confirmed it.
 	Committed CommitOutcome = iota
-	// RolledBack: nothing committed, and the server said so (an error
+	// RolledBack means nothing committed, and the server said so (an error
 	// reply to COMMIT or to a statement before it), or nothing was sent.
 	RolledBack
-	// Unknown: COMMIT was sent and its reply never came; the transaction
+	// Unknown means COMMIT was sent and its reply never came; the transaction
 	// may or may not have committed.
 	Unknown
 )

@@ -77,12 +77,12 @@ const (
 	// only through its own timeouts. The peer that closes sees its own
 	// socket close; the other keeps waiting until CutAll or Close.
 	Partition
-	// FatalBefore, for a server message, delivers in its place the FATAL
+	// FatalBefore delivers, in place of a server message, the FATAL
 	// ErrorResponse (SQLSTATE 57P01) that pg_terminate_backend makes the
 	// server send, then closes both sides: the session ended instead of
 	// answering.
 	FatalBefore
-	// FatalAfter, for a server message, forwards it, then delivers that
+	// FatalAfter forwards a server message, then delivers that
 	// FATAL and closes both sides: the session ended right after answering,
 	// as when a termination arrives between COMMIT's reply and the
 	// pipeline's closing ReadyForQuery.

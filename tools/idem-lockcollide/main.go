@@ -114,7 +114,12 @@ func verifyLock(scope, key string) error {
 	case err := <-done:
 		return fmt.Errorf("the claim: %w", err)
 	}
-	defer func() { close(release); <-done }()
+	defer func() {
+		close(release)
+		if err := <-done; err == nil {
+			log.Print("the claim that held the lock committed; it should have rolled back")
+		}
+	}()
 	want := uint64(lockKey(scope, key)) ^ uint64(table)<<32
 	var n int
 	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted

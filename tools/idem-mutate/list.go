@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 )
 
@@ -14,6 +15,10 @@ type mutation struct {
 	promise string   // what the bug breaks, in the words of the docs
 	file    string   // relative to the repository root
 	pkgs    []string // go test patterns, e.g. ./integration_test
+	// run, if set, is a go test -run pattern of the tests that should catch
+	// the mutation: they run first, and only if they pass does the whole of
+	// pkgs run, so a caught mutation fails in seconds.
+	run     string
 	find    string
 	replace string
 	line    int // where the mutation starts in the list, for messages
@@ -26,6 +31,7 @@ type mutation struct {
 //	promise: what the bug breaks
 //	file: idem/sql/claim.sql
 //	test: ./integration_test ./idemhttp
+//	run: TestReplay|TestFaultWire      (optional: the tests that should catch it)
 //	--- find
 //	text to find, exactly once in the file (any number of lines)
 //	--- replace
@@ -113,6 +119,11 @@ func parseList(r io.Reader) ([]mutation, error) {
 				cur.file = v
 			case k == "test":
 				cur.pkgs = strings.Fields(v)
+			case k == "run":
+				if _, err := regexp.Compile(v); err != nil {
+					return nil, fmt.Errorf("line %d: run: %w", n, err)
+				}
+				cur.run = v
 			default:
 				return nil, fmt.Errorf("line %d: unknown key %q", n, k)
 			}

@@ -218,7 +218,15 @@ func runOne(work, logs string, m mutation, o options) result {
 		}
 	}()
 	start := time.Now()
-	out, err := goTest(work, m.pkgs, o.timeout, o.verbose)
+	var out []byte
+	err = nil
+	if m.run != "" {
+		// The focused tests first: most mutations fail there in seconds.
+		out, err = goTest(work, append([]string{"-run", m.run}, m.pkgs...), o.timeout, o.verbose)
+	}
+	if err == nil {
+		out, err = goTest(work, m.pkgs, o.timeout, o.verbose)
+	}
 	r.elapsed = time.Since(start)
 	_ = os.WriteFile(r.log, out, 0o644)
 	r.status, r.caughtBy = classify(out, err)

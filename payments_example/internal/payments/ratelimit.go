@@ -20,7 +20,7 @@ import (
 // measured with 255-byte keys (docs/SECURITY.md has the figure).
 const (
 	DefaultPaymentRate  rate.Limit = 5
-	DefaultPaymentBurst            = 10
+	DefaultPaymentBurst int        = 10
 )
 
 // minLimiters is the size below which perAccount never sweeps.
