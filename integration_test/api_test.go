@@ -422,9 +422,23 @@ func TestErrorsThatHelp(t *testing.T) {
 }
 
 // A key's TTL counts from its completion: a retry right after a call that
-// took longer than the TTL replays it instead of running fn again.
+// took longer than the TTL replays it instead of running fn again. On both
+// protocols of the plain table: the default writes the row at completion,
+// REPEATABLE READ inserts it at the claim and completes it (tx.go).
 func TestTTLCountsFromCompletion(t *testing.T) {
 	t.Parallel()
+	for name, opts := range map[string][]idem.Option{
+		"deferred": nil,
+		"insert":   {idem.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.RepeatableRead})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ttlCountsFromCompletion(t, opts)
+		})
+	}
+}
+
+func ttlCountsFromCompletion(t *testing.T, opts []idem.Option) {
 	s := newSetup(t)
 	const ttl = 5 * time.Second
 	keys, err := idem.NewClient(s.pool, &idem.Config{TTL: ttl})
@@ -439,10 +453,10 @@ func TestTTLCountsFromCompletion(t *testing.T) {
 		_, err := tx.Exec(context.Background(), "SELECT pg_sleep(6)")
 		return runs, err
 	}
-	if _, err := idem.Do(context.Background(), keys, "slow", "h", slow); err != nil {
+	if _, err := idem.Do(context.Background(), keys, "slow", "h", slow, opts...); err != nil {
 		t.Fatal(err)
 	}
-	_, outcome, err := idem.Run(context.Background(), keys, "slow", "h", func(ctx context.Context, tx pgx.Tx) (int, error) { return slow(tx) })
+	_, outcome, err := idem.Run(context.Background(), keys, "slow", "h", func(ctx context.Context, tx pgx.Tx) (int, error) { return slow(tx) }, opts...)
 	if err != nil || outcome != idem.OutcomeReplayed || runs != 1 {
 		t.Fatalf("retry after a %v call with a %v TTL: %v, %v, fn ran %d times; want a replay", 6*time.Second, ttl, outcome, err, runs)
 	}
