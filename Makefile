@@ -81,10 +81,10 @@ generate-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh g
 	@./scripts/check-generated-grpc.sh
 
 bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer patterns.
-	cd tools && $(GO) run ./idem-bench
+	cd tools && $(GO) run -tags idembench ./idem-bench
 
 bench-http: postgres ## idemhttp vs a bare handler over HTTP (1 ms to the database), and memory per request in flight; about 70 s.
-	cd tools && $(GO) run ./idem-bench -http
+	cd tools && $(GO) run -tags idembench ./idem-bench -http
 
 bench-retention: postgres ## Plain table + sweeper vs partitioned table + drops under sustained load (ARGS=-short for a quick run).
 	cd tools && $(GO) run ./idem-retention $(ARGS)
