@@ -15,7 +15,7 @@ import (
 
 // The benchmarks compare idem.Do with the same work in a bare pgx
 // transaction, one client on a one-connection pool, with allocations
-// reported. cmd/idem-bench measures throughput, latency and round trips under
+// reported. tools/idem-bench measures throughput, latency and round trips under
 // concurrency; these isolate the client-side cost per call:
 //
 //	go test -run '^$' -bench . -benchmem ./idem/
