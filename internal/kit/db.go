@@ -58,7 +58,7 @@ func OpenDB(ctx context.Context, db idem.Beginner, table string, ignore []string
 	}
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
 	}
 	d := &DB{db: db, table: table, stored: t.Rewrite(storedSQL), forget: t.Rewrite(forgetSQL)}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
