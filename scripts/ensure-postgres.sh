@@ -7,7 +7,7 @@
 #   - none is installed and we are root with apt-get: install one, with trust
 #     authentication for local connections (a throw-away test server);
 #   - otherwise: say so and leave it to the test harness, which falls back to
-#     testcontainers-go when a Docker engine answers.
+#     a container (tools/pgcontainer, testcontainers-go) when a Docker engine answers.
 set -euo pipefail
 
 say() { printf 'ensure-postgres: %s\n' "$*" >&2; }
@@ -65,5 +65,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 fi
 
 say "no PostgreSQL on 127.0.0.1:5432 and cannot install one (not root, or no apt-get);"
-say "the tests will try testcontainers-go, or set IDEM_TEST_DATABASE_URL"
+say "the tests will try a container (tools/pgcontainer, needs Docker), or set IDEM_TEST_DATABASE_URL"
 exit 0

@@ -6,8 +6,10 @@
 //  1. IDEM_TEST_DATABASE_URL, then DATABASE_URL (any database on the server;
 //     the role must be allowed to create databases);
 //  2. a server on 127.0.0.1:5432, user postgres, trust authentication;
-//  3. a postgres container started with testcontainers-go, when a Docker
-//     engine answers;
+//  3. a postgres container, when a Docker engine answers: started by the
+//     command tools/pgcontainer of the repository's tools module (with
+//     testcontainers-go, which thus stays out of the library's go.mod), run
+//     with `go run` and stopped when this test process ends;
 //
 // and otherwise the test fails with instructions. Describe says which it will be.
 //
@@ -31,6 +33,7 @@
 package testdb
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,6 +42,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,8 +54,6 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"go.uber.org/goleak"
 
 	"github.com/idemhq/idem/internal/pgurl"
@@ -66,7 +70,8 @@ var (
 	pooled    bool   // IDEM_TEST_ADMIN_URL is set: tests connect through a pooler
 	template  string
 	resolved  error
-	container testcontainers.Container
+	container *exec.Cmd // tools/pgcontainer, when it was started
+	stopper   *os.File  // its standard input, open while the tests run
 	counter   atomic.Int64
 )
 
@@ -86,9 +91,11 @@ func resolve() error {
 func doResolve() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := resolveServer(ctx); err != nil {
+	u, err := resolveServer(ctx, LocalURL)
+	if err != nil {
 		return err
 	}
+	serverURL = u
 	adminURL = serverURL
 	if u := os.Getenv("IDEM_TEST_ADMIN_URL"); u != "" {
 		if err := ping(ctx, u); err != nil {
@@ -100,56 +107,165 @@ func doResolve() error {
 	return nil
 }
 
-func resolveServer(ctx context.Context) error {
+// resolveServer finds the server: the environment's URL, local, or a
+// container.
+func resolveServer(ctx context.Context, local string) (string, error) {
 	for _, env := range []string{"IDEM_TEST_DATABASE_URL", "DATABASE_URL"} {
 		if u := os.Getenv(env); u != "" {
 			if err := ping(ctx, u); err != nil {
-				return fmt.Errorf("%s is set but its server does not answer: %w", env, err)
+				return "", fmt.Errorf("%s is set but its server does not answer: %w", env, err)
 			}
-			serverURL = u
-			return nil
+			return u, nil
 		}
 	}
-	if err := ping(ctx, LocalURL); err == nil {
-		serverURL = LocalURL
-		return nil
+	if err := ping(ctx, local); err == nil {
+		return local, nil
 	}
 	u, err := startContainer(ctx)
 	if err != nil {
-		return errors.New("no PostgreSQL for the tests: set IDEM_TEST_DATABASE_URL, " +
-			"or run `make test` (it starts or installs a local server), " +
-			"or start a Docker engine for testcontainers-go (" + err.Error() + ")")
+		return "", fmt.Errorf("no PostgreSQL for the tests: set IDEM_TEST_DATABASE_URL, "+
+			"or run `make test` (it starts or installs a local server), "+
+			"or start a Docker engine for the container fallback: %w", err)
 	}
-	serverURL = u
-	return nil
+	return u, nil
 }
 
-func startContainer(ctx context.Context) (u string, err error) {
-	defer func() {
-		// testcontainers panics in some set-ups without a Docker engine.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("docker: %v", r)
+// containerWait bounds the wait for tools/pgcontainer's URL: building it
+// and pulling the image on a cold cache take minutes.
+const containerWait = 3 * time.Minute
+
+// toolsDir returns the repository's tools module, found from this file's
+// location, or an error if this package was not built from a checkout.
+func toolsDir() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the source of internal/testdb")
+	}
+	dir := filepath.Join(filepath.Dir(file), "..", "..", "tools")
+	if _, err := os.Stat(filepath.Join(dir, "pgcontainer", "main.go")); err != nil {
+		return "", fmt.Errorf("no container fallback outside a checkout of the repository (%s not found)", filepath.Join(dir, "pgcontainer"))
+	}
+	return dir, nil
+}
+
+// startContainer runs tools/pgcontainer and returns the URL it prints. Its
+// standard input is a pipe whose write end this process keeps open, so the
+// container is terminated when this process ends, however it ends; Main
+// closes it earlier, and waits.
+func startContainer(ctx context.Context) (string, error) {
+	dir, err := toolsDir()
+	if err != nil {
+		return "", err
+	}
+	stdin, w, err := os.Pipe()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "run", "./pgcontainer") //nolint:noctx // it outlives ctx: it serves the whole test process
+	cmd.Dir = dir
+	cmd.Stdin = stdin
+	stderr := &tail{}
+	cmd.Stderr = stderr
+	// The built program shares stderr with go run: do not wait for it to
+	// close it when go run has been killed.
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		stdin.Close()
+		w.Close()
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		stdin.Close()
+		w.Close()
+		return "", err
+	}
+	stdin.Close() // the child holds its own copy
+	found := make(chan string, 1)
+	go func() {
+		defer close(found)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "postgres://") || strings.HasPrefix(line, "postgresql://") {
+				found <- line
+				return
+			}
 		}
 	}()
-	provider, err := testcontainers.ProviderDocker.GetProvider()
-	if err != nil {
-		return "", err
+	timer := time.NewTimer(containerWait)
+	defer timer.Stop()
+	fail := func(why string) (string, error) {
+		w.Close() // pgcontainer stops on end of input
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return "", fmt.Errorf("go run ./pgcontainer in %s: %s: %s", dir, why, stderr.String())
 	}
-	defer provider.Close()
-	if err := provider.Health(ctx); err != nil {
-		return "", err
+	select {
+	case u, ok := <-found:
+		if !ok {
+			return fail("exited without a URL")
+		}
+		if err := waitReady(ctx, u); err != nil {
+			return fail(err.Error())
+		}
+		container, stopper = cmd, w
+		return u, nil
+	case <-timer.C:
+		return fail(fmt.Sprintf("no URL within %v", containerWait))
 	}
-	c, err := tcpostgres.Run(ctx, "postgres:16-alpine",
-		tcpostgres.WithDatabase("postgres"),
-		tcpostgres.WithUsername("postgres"),
-		tcpostgres.WithPassword("postgres"),
-		tcpostgres.BasicWaitStrategies(),
-	)
-	if err != nil {
-		return "", err
+}
+
+// waitReady pings the container's server until it answers, briefly: the
+// wait strategy of pgcontainer has already seen it ready.
+func waitReady(ctx context.Context, u string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for {
+		err := ping(ctx, u)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("its server does not answer: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	container = c
-	return c.ConnectionString(ctx, "sslmode=disable")
+}
+
+// stopContainer closes pgcontainer's standard input, which makes it
+// terminate the container, and waits for it.
+func stopContainer() {
+	if container == nil {
+		return
+	}
+	stopper.Close()
+	if err := container.Wait(); err != nil {
+		fmt.Fprintln(os.Stderr, "testdb: tools/pgcontainer:", err)
+	}
+	container, stopper = nil, nil
+}
+
+// tail keeps the last few kilobytes written to it, for error messages.
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if n := len(t.buf) - 4096; n > 0 {
+		t.buf = t.buf[n:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.buf))
 }
 
 func ping(ctx context.Context, u string) error {
@@ -232,8 +348,8 @@ func makeTemplate() error {
 //
 // If t failed, the database is kept for inspection, and t logs its URL
 // (without password) and a psql command that opens it. A test process that
-// starts more than 24 hours later drops it; a testcontainers server takes its
-// databases with it at the end of the run.
+// starts more than 24 hours later drops it; a container started by
+// tools/pgcontainer takes its databases with it at the end of the run.
 func URL(t testing.TB) string {
 	t.Helper()
 	name, u, err := create()
@@ -349,9 +465,7 @@ func Main(m *testing.M) int {
 			code = 1
 		}
 	}
-	if container != nil {
-		_ = testcontainers.TerminateContainer(container)
-	}
+	stopContainer()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -411,5 +525,8 @@ func Describe() string {
 	if v := version(LocalURL); v != "" {
 		return "local server at 127.0.0.1:5432" + v
 	}
-	return "testcontainers-go postgres:16-alpine container (no server on 127.0.0.1:5432; needs a Docker engine)"
+	if _, err := toolsDir(); err != nil {
+		return "none: no server on 127.0.0.1:5432, and " + err.Error() + "; set IDEM_TEST_DATABASE_URL"
+	}
+	return "postgres:16-alpine container started by tools/pgcontainer with testcontainers-go (no server on 127.0.0.1:5432; needs a Docker engine)"
 }

@@ -1,20 +1,24 @@
-package idemhttp
+package openapicheck
 
 import (
 	"fmt"
 	"go/ast"
+	"go/constant"
+	"go/importer"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"maps"
 	"net/http"
 	"net/url"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/idemhq/idem/idemhttp"
 )
 
 // componentsName is the file name services use in their $refs.
@@ -23,7 +27,7 @@ const componentsName = "idempotency.yaml"
 // loadComponents loads the embedded document as kin-openapi sees it.
 func loadComponents(t *testing.T) *openapi3.T {
 	t.Helper()
-	doc, err := openapi3.NewLoader().LoadFromData(OpenAPIComponents())
+	doc, err := openapi3.NewLoader().LoadFromData(idemhttp.OpenAPIComponents())
 	if err != nil {
 		t.Fatalf("load %s: %v", componentsName, err)
 	}
@@ -74,7 +78,7 @@ func TestOpenAPIComponentsValidate(t *testing.T) {
 	loader.IsExternalRefsAllowed = true
 	loader.ReadFromURIFunc = func(_ *openapi3.Loader, u *url.URL) ([]byte, error) {
 		if strings.HasSuffix(u.Path, componentsName) {
-			return OpenAPIComponents(), nil
+			return idemhttp.OpenAPIComponents(), nil
 		}
 		return nil, fmt.Errorf("unexpected reference to %s", u)
 	}
@@ -87,17 +91,40 @@ func TestOpenAPIComponentsValidate(t *testing.T) {
 	}
 }
 
-// problemConstants returns the Problem* string constants declared in the
-// package's non-test files, read from the source so that a new one cannot
-// be missed.
-func problemConstants(t *testing.T) map[string]string {
+// idemhttpDir is the source of the package under test, beside the tools
+// module (which replace builds against it).
+var idemhttpDir = filepath.Join("..", "..", "idemhttp")
+
+// problems is what the middleware answers, read from idemhttp's source so
+// that a new problem type cannot be missed and no table is copied here: the
+// Problem* string constants, and the status and title of each type, from the
+// package's problemStatus and problemTitle tables.
+type problems struct {
+	consts map[string]string // constant name to problem type
+	status map[string]int    // problem type to HTTP status
+	title  map[string]string // problem type to title
+}
+
+// stdOnly imports the standard library's packages and refuses others.
+type stdOnly struct{ types.Importer }
+
+func (s stdOnly) Import(path string) (*types.Package, error) {
+	if first, _, _ := strings.Cut(path, "/"); strings.Contains(first, ".") {
+		return nil, fmt.Errorf("%s: not imported", path)
+	}
+	return s.Importer.Import(path)
+}
+
+// readProblems type-checks idemhttp's non-test files and evaluates its
+// problem tables.
+func readProblems(t *testing.T) problems {
 	t.Helper()
 	fset := token.NewFileSet()
-	consts := map[string]string{}
-	names, err := filepath.Glob("*.go")
+	names, err := filepath.Glob(filepath.Join(idemhttpDir, "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	var files []*ast.File
 	for _, name := range names {
 		if strings.HasSuffix(name, "_test.go") {
 			continue
@@ -106,34 +133,67 @@ func problemConstants(t *testing.T) map[string]string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, decl := range f.Decls {
-			gd, ok := decl.(*ast.GenDecl)
-			if !ok || gd.Tok != token.CONST {
-				continue
-			}
-			for _, spec := range gd.Specs {
-				vs := spec.(*ast.ValueSpec)
-				for i, id := range vs.Names {
-					if !strings.HasPrefix(id.Name, "Problem") || !id.IsExported() || i >= len(vs.Values) {
-						continue
+		files = append(files, f)
+	}
+	// Only the standard library is imported, for net/http's Status*
+	// constants: the tables need nothing else, and type-checking idemhttp's
+	// dependencies from source would take seconds. Errors from the missing
+	// imports are expected; the tables are checked below to be constant.
+	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}}
+	conf := types.Config{
+		Importer: stdOnly{importer.ForCompiler(fset, "gc", nil)},
+		Error:    func(error) {},
+	}
+	pkg, _ := conf.Check("github.com/idemhq/idem/idemhttp", fset, files, info)
+	p := problems{consts: map[string]string{}, status: map[string]int{}, title: map[string]string{}}
+	for _, name := range pkg.Scope().Names() {
+		c, ok := pkg.Scope().Lookup(name).(*types.Const)
+		if ok && c.Exported() && strings.HasPrefix(name, "Problem") && c.Val().Kind() == constant.String {
+			p.consts[name] = constant.StringVal(c.Val())
+		}
+	}
+	if len(p.consts) == 0 {
+		t.Fatal("no Problem* constants found")
+	}
+	// table evaluates the map literal assigned to the package variable name.
+	table := func(name string, put func(key string, v constant.Value)) {
+		for _, f := range files {
+			for _, decl := range f.Decls {
+				gd, ok := decl.(*ast.GenDecl)
+				if !ok || gd.Tok != token.VAR {
+					continue
+				}
+				for _, spec := range gd.Specs {
+					vs := spec.(*ast.ValueSpec)
+					for i, id := range vs.Names {
+						if id.Name != name || i >= len(vs.Values) {
+							continue
+						}
+						lit, ok := vs.Values[i].(*ast.CompositeLit)
+						if !ok {
+							t.Fatalf("%s is no map literal", name)
+						}
+						for _, elt := range lit.Elts {
+							kv := elt.(*ast.KeyValueExpr)
+							k, v := info.Types[kv.Key].Value, info.Types[kv.Value].Value
+							if k == nil || v == nil || k.Kind() != constant.String {
+								t.Fatalf("%s: %s is not constant", name, fset.Position(kv.Pos()))
+							}
+							put(constant.StringVal(k), v)
+						}
+						return
 					}
-					lit, ok := vs.Values[i].(*ast.BasicLit)
-					if !ok || lit.Kind != token.STRING {
-						continue
-					}
-					v, err := strconv.Unquote(lit.Value)
-					if err != nil {
-						t.Fatal(err)
-					}
-					consts[id.Name] = v
 				}
 			}
 		}
+		t.Fatalf("no variable %s in %s", name, idemhttpDir)
 	}
-	if len(consts) == 0 {
-		t.Fatal("no Problem* constants found")
-	}
-	return consts
+	table("problemStatus", func(k string, v constant.Value) {
+		n, _ := constant.Int64Val(v)
+		p.status[k] = int(n)
+	})
+	table("problemTitle", func(k string, v constant.Value) { p.title[k] = constant.StringVal(v) })
+	return p
 }
 
 // enumOf returns the single value a schema's property is restricted to,
@@ -157,7 +217,8 @@ func enumOf(s *openapi3.Schema, prop string) []any {
 // description names the type; 409 and 503 declare Retry-After.
 func TestOpenAPIComponentsCoverProblems(t *testing.T) {
 	doc := loadComponents(t)
-	consts := problemConstants(t)
+	p := readProblems(t)
+	consts, problemStatus, problemTitle := p.consts, p.status, p.title
 	found := map[string]bool{}
 	for name, resp := range doc.Components.Responses {
 		mt := resp.Value.Content.Get("application/problem+json")
@@ -250,7 +311,7 @@ func TestOpenAPIKeySchema(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		key, perr := ParseKey(http.Header{HeaderKey: {tt.value}})
+		key, perr := idemhttp.ParseKey(http.Header{idemhttp.HeaderKey: {tt.value}})
 		if perr != nil || key == "" {
 			t.Errorf("%q: the schema admits it, ParseKey refuses it: %v", tt.value, perr)
 		}
