@@ -17,7 +17,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-tools test-long test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test test-long test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,12 +28,12 @@ postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it, an
 
 test: postgres fmt-check vet tidy-check generate-check check-large-files check-modules ## Every module's tests against a real PostgreSQL, with -race, fuzz seeds included (the long suites are make test-long); target: under 3 minutes.
 	@$(GO) run ./internal/testdb/which
-	@./scripts/test-modules.sh $(filter-out tools,$(MODULES))
+	@status=0; for m in $(MODULES); do \
+	  echo "go test -race ./... in $$m"; \
+	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
+	done; exit $$status
 
-test-long: postgres generate-check-full test-tools test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: the tools module's tests, IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration; about 20 minutes.
-
-test-tools: postgres ## The tests of the tools module (benchmarks, load and mutation harnesses), which are not the library's.
-	@./scripts/test-modules.sh tools
+test-long: postgres generate-check-full test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration; about 20 minutes.
 
 test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1 (scripts/test-long.sh finds them): the exec-mode x isolation matrix, the crash tests that need no root (TestSettleThroughKills, the demo's TestPlay).
 	@./scripts/test-long.sh $(MODULES)
