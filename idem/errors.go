@@ -95,11 +95,22 @@ var (
 	// ErrNotFound is returned by Client.Lookup for a key that has no row
 	// and is not in progress.
 	ErrNotFound = errors.New("idem: no such key")
+
+	// ErrLeaseLost: an owner of an Operation lost its lease to another
+	// owner (it paused past OperationConfig.Lease, or its renewals could not
+	// reach the database) and recorded nothing after that; a database step
+	// it was in rolled back. The operation goes on under the other owner: a
+	// retry with the same key gets its answer, or ErrInProgress meanwhile.
+	ErrLeaseLost = errors.New("idem: the operation's lease passed to another owner; this owner recorded nothing more")
+
+	// ErrDeadline is the cause OperationConfig.Compensate receives: the
+	// operation passed its OperationConfig.Deadline unfinished.
+	ErrDeadline = errors.New("idem: the operation passed its deadline unfinished")
 )
 
 // Retryable reports whether err is worth retrying with the same key: the
 // operation did not complete (or its outcome is unknown) for a reason that
-// may pass. It is true for ErrInProgress, ErrOutcomeUnknown, serialization
+// may pass. It is true for ErrInProgress, ErrOutcomeUnknown, ErrLeaseLost, serialization
 // failures and deadlocks (SQLSTATE 40001, 40P01), lock timeouts (55P03), a
 // session the server ended for idling (25P03, 57P05), and connection
 // failures. It is false for nil, ErrMismatch, invalid input, a *Refusal, a
@@ -130,7 +141,7 @@ func Retryable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrInProgress) || errors.Is(err, ErrOutcomeUnknown) {
+	if errors.Is(err, ErrInProgress) || errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrLeaseLost) {
 		return true
 	}
 	var refusal *Refusal

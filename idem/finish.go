@@ -74,6 +74,9 @@ const (
 	statusInProgress = "in_progress"
 	statusCompleted  = "completed"
 	statusRefused    = "refused"
+	// statusUnfinished is an operation's key between its first and its
+	// last step (operation.go).
+	statusUnfinished = "unfinished"
 )
 
 // The status values as arguments, boxed once.

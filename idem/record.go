@@ -22,6 +22,10 @@ const (
 	// StatusRefused: a business refusal is stored and replayed until
 	// ExpiresAt.
 	StatusRefused Status = "refused"
+	// StatusUnfinished: an operation made of steps (Operation) has begun
+	// and not yet stored its answer. It holds the key: Do gets
+	// ErrInProgress, and the sweeper never removes it.
+	StatusUnfinished Status = "unfinished"
 )
 
 // A Record is what the table holds for a key, for support staff and
@@ -73,7 +77,7 @@ func isSealed(refusal []byte) bool {
 
 // Expired reports whether the key no longer replays at time now.
 func (r Record) Expired(now time.Time) bool {
-	return r.Status != StatusInProgress && !now.Before(r.ExpiresAt)
+	return r.Status != StatusInProgress && r.Status != StatusUnfinished && !now.Before(r.ExpiresAt)
 }
 
 // DecodeResult decodes a record's Result as the T that Do stored.
@@ -88,7 +92,9 @@ func DecodeResult[T any](r Record) (T, error) {
 // Lookup returns what the table holds for scope and key (the scope as
 // stored: for Wrap's keys, see Wrap), whether it still replays or has
 // expired and awaits the sweeper; a Record with StatusInProgress when a
-// transaction holds the key right now; or ErrNotFound. A sealed row is
+// transaction holds the key right now, or with StatusUnfinished for an
+// Operation that has begun and not finished (no Result yet); or
+// ErrNotFound. A sealed row is
 // opened with the Client's Sealer (an error wraps ErrCorruptRecord); a
 // Client without a Sealer returns it with Sealed set and neither Result nor
 // Refusal. It takes no lock that outlives the statement and writes nothing.
@@ -131,8 +137,10 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 	if completed != nil {
 		rec.CompletedAt, rec.ExpiresAt = *completed, *expires
 	}
-	if rec.Status == StatusInProgress {
-		return rec, nil // committed by misuse; it holds nothing to open
+	if rec.Status == StatusInProgress || rec.Status == StatusUnfinished {
+		// An unfinished operation has no answer yet; an 'in_progress' row
+		// was committed by misuse. Neither holds anything to open.
+		return rec, nil
 	}
 	if c.base.sealer == nil && isSealed(refusal) {
 		rec.Sealed = true

@@ -43,6 +43,10 @@ func lookup(ctx context.Context, q querier, c *call) (*record, error) {
 // replay returns what rec stores, if it was stored for this request.
 func replay[T any](ctx context.Context, c *call, rec *record) (T, Outcome, error) {
 	var zero T
+	if rec.status == statusUnfinished {
+		// An operation made of steps holds the key until its last step.
+		return zero, OutcomeInProgress, ErrInProgress
+	}
 	if rec.requestHash != c.reqHash {
 		return zero, OutcomeMismatch, ErrMismatch
 	}

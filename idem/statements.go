@@ -38,7 +38,48 @@ var (
 	partmanSQL string
 	//go:embed sql/plain_only.sql
 	plainOnlySQL string
+
+	//go:embed sql/op_peek.sql
+	opPeekSQL string
+	//go:embed sql/op_lock.sql
+	opLockSQL string
+	//go:embed sql/op_begin.sql
+	opBeginSQL string
+	//go:embed sql/op_take.sql
+	opTakeSQL string
+	//go:embed sql/op_fence.sql
+	opFenceSQL string
+	//go:embed sql/op_record.sql
+	opRecordSQL string
+	//go:embed sql/op_steps.sql
+	opStepsSQL string
+	//go:embed sql/op_renew.sql
+	opRenewSQL string
+	//go:embed sql/op_release.sql
+	opReleaseSQL string
+	//go:embed sql/op_complete.sql
+	opCompleteSQL string
+	//go:embed sql/op_stats.sql
+	opStatsSQL string
+	//go:embed sql/op_layout.sql
+	opLayoutSQL string
 )
+
+// opSQL is the statements of operations made of steps (operation.go), in
+// the order a run sends them.
+type opSQL struct {
+	peek, lock, begin, take, fence, record, steps, renew, release, complete string
+	stats, layout                                                           string
+}
+
+func newOpSQL(t sqltext.Table) opSQL {
+	return opSQL{
+		peek: t.Rewrite(opPeekSQL), lock: t.Rewrite(opLockSQL), begin: t.Rewrite(opBeginSQL),
+		take: t.Rewrite(opTakeSQL), fence: t.Rewrite(opFenceSQL), record: t.Rewrite(opRecordSQL),
+		steps: t.Rewrite(opStepsSQL), renew: t.Rewrite(opRenewSQL), release: t.Rewrite(opReleaseSQL),
+		complete: t.Rewrite(opCompleteSQL), stats: t.Rewrite(opStatsSQL), layout: t.Rewrite(opLayoutSQL),
+	}
+}
 
 // statements is the SQL of one table, rewritten once and reused: pgx caches
 // prepared statements by SQL text, so the text must not change per call.
@@ -58,6 +99,8 @@ type statements struct {
 	insert   insertSQL
 	deferred deferredSQL
 	part     partitionedSQL
+	// op is the statements of operations (plain layout only).
+	op opSQL
 
 	// isPartitioned marks the set of the partitioned layout.
 	isPartitioned bool
@@ -86,6 +129,7 @@ func statementsFor(table string) (*statements, error) {
 		forget:   t.Rewrite(forgetSQL),
 		insert:   newInsertSQL(t),
 		deferred: newDeferredSQL(t),
+		op:       newOpSQL(t),
 	}
 	s.partitioned = &statements{
 		table:         table,
@@ -93,6 +137,7 @@ func statementsFor(table string) (*statements, error) {
 		record:        t.Rewrite(recordPartitionedSQL),
 		forget:        s.forget,
 		part:          newPartitionedSQL(t),
+		op:            s.op,
 		isPartitioned: true,
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)

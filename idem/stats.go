@@ -59,15 +59,28 @@ type Stats struct {
 	// TableBytes is the size of the table on disk with its indexes and
 	// TOAST data (pg_total_relation_size). Exact.
 	TableBytes int64
+
+	// Unfinished counts the operations made of steps (Operation) that have
+	// begun and not stored their answer: being worked on, or waiting for a
+	// retry or the completer. Exact. A count that grows, or an
+	// OldestUnfinished past the operations' deadlines, means no completer
+	// is driving them to their end.
+	Unfinished int64
+
+	// OldestUnfinished is the age of the oldest unfinished operation,
+	// counted from its first step. Exact; 0 when none is unfinished.
+	OldestUnfinished time.Duration
 }
 
 // Stats reads the health of the Client's key table: keys live, expired
-// and in progress, the age of the oldest key in progress and the table's
-// size. It costs one statement that reads catalog figures, the lock table
-// and the expired end of the index on expires_at, never the whole table, so
-// it suits a metrics scrape on a table of millions of keys. It takes no
-// lock and writes nothing. ctx governs the statement. A missing key table
-// is an error that says to apply the schema.
+// and in progress, the age of the oldest key in progress, the table's size,
+// and the unfinished operations. It costs two statements: one that reads
+// catalog figures, the lock table and the expired end of the index on
+// expires_at, never the whole table, and one that counts the unfinished
+// operations (a table that holds only those), so it suits a metrics scrape
+// on a table of millions of keys. It takes no lock and writes nothing. ctx
+// governs the statements. A missing key table is an error that says to
+// apply the schema.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	t, err := sqltext.ParseTable(c.base.table)
 	if err != nil {
@@ -83,6 +96,13 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, tableError(c.base.table, "stats of "+c.base.table, err)
 	}
 	st.OldestInProgress = time.Duration(oldestMicros) * time.Microsecond
+	err = c.query(ctx, func(q querier) error {
+		return q.QueryRow(ctx, c.base.stmts.op.stats).Scan(&st.Unfinished, &oldestMicros)
+	})
+	if err != nil {
+		return Stats{}, tableError(c.base.table, "stats of "+c.base.table, err)
+	}
+	st.OldestUnfinished = time.Duration(oldestMicros) * time.Microsecond
 	st.Live = -1
 	if st.Rows >= 0 {
 		st.Live = max(st.Rows-st.Expired, 0)

@@ -1,8 +1,12 @@
 -- idem: the idempotency key table.
 --
 -- One row per (scope, idempotency_key), written in the same transaction as
--- the business work, so a committed row is always terminal: 'completed', or
--- 'refused' (a stored business refusal). Depending on the call (idem/tx.go),
+-- the business work, so a committed row is terminal: 'completed', or
+-- 'refused' (a stored business refusal). The one exception is an operation
+-- made of steps (idem.Operation), whose row is committed 'unfinished' by its
+-- first step and holds the key, for Do and the operation alike, until its
+-- last step stores the answer; what only unfinished operations need lives in
+-- idempotency_keys_operations and idempotency_keys_steps (002). Depending on the call (idem/tx.go),
 -- the row is inserted 'in_progress' when the key is claimed and updated to
 -- its outcome before that transaction commits, or inserted once, with its
 -- outcome, before it commits. A row is replayed until completed_at plus its
@@ -29,7 +33,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     expires_at      timestamptz NOT NULL,
     CONSTRAINT idempotency_keys_pkey PRIMARY KEY (scope, idempotency_key),
     CONSTRAINT idempotency_keys_status_check
-        CHECK (status IN ('in_progress', 'completed', 'refused')),
+        CHECK (status IN ('in_progress', 'completed', 'refused', 'unfinished')),
     CONSTRAINT idempotency_keys_key_length_check
         CHECK (octet_length(idempotency_key) BETWEEN 1 AND 255),
     CONSTRAINT idempotency_keys_scope_length_check

@@ -135,7 +135,24 @@ func Files() ([]File, error) { return glob("[0-9]*.sql") }
 // PartitionedFiles returns the files of the partitioned layout
 // (schema/partitioned) in the order they apply; Name is relative to that
 // folder.
-func PartitionedFiles() ([]File, error) { return glob("partitioned/[0-9]*.sql") }
+func PartitionedFiles() ([]File, error) {
+	files, err := glob("partitioned/[0-9]*.sql")
+	if err != nil {
+		return nil, err
+	}
+	// The tables of unfinished operations are the same for both layouts
+	// (Forget and Stats read them); idem.Operation itself runs on the plain
+	// layout only.
+	ops, err := glob(operationsFile)
+	if err != nil {
+		return nil, err
+	}
+	return append(files, ops...), nil
+}
+
+// operationsFile is the schema of unfinished operations, shared by both
+// layouts.
+const operationsFile = "002_idempotency_keys_operations.sql"
 
 // PartitionsSQL is schema/partitioned/002_idempotency_keys_partitions.sql
 // for table: the maintenance step that makes the DEFAULT partition and the

@@ -42,8 +42,9 @@ SELECT 1 / (CASE WHEN current_setting('idem.locked', true) = $1 || E'\x1f' || $2
         -- The primary key makes this at most one row: a scalar subquery,
         -- where an aggregate would cost the executor more to start.
         ELSE coalesce((
-            SELECT 2 / (CASE WHEN status <> 'in_progress'
-                              AND completed_at + (expires_at - created_at) > now()
+            SELECT 2 / (CASE WHEN status = 'unfinished'
+                              OR status <> 'in_progress'
+                                 AND completed_at + (expires_at - created_at) > now()
                              THEN 0 ELSE 1 END)
             FROM idempotency_keys
             WHERE scope = $1 AND idempotency_key = $2

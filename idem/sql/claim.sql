@@ -29,8 +29,11 @@
 -- completed_at + TTL, which is completed_at + (expires_at - created_at).
 WITH cur AS (
     SELECT request_hash, status, response, refusal,
-           status <> 'in_progress'
-           AND completed_at + (expires_at - created_at) > now() AS live
+           -- An unfinished operation (idem.Operation) holds its key until
+           -- its last step: a call gets ErrInProgress (replay.go).
+           status = 'unfinished'
+           OR status <> 'in_progress'
+              AND completed_at + (expires_at - created_at) > now() AS live
     FROM idempotency_keys
     WHERE scope = $1 AND idempotency_key = $2
 ),

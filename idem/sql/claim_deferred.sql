@@ -17,8 +17,10 @@
 -- The locks are claim.sql's.
 WITH cur AS (
     SELECT request_hash, status, response, refusal,
-           status <> 'in_progress'
-           AND completed_at + (expires_at - created_at) > now() AS live
+           -- An unfinished operation holds its key (claim.sql).
+           status = 'unfinished'
+           OR status <> 'in_progress'
+              AND completed_at + (expires_at - created_at) > now() AS live
     FROM idempotency_keys
     WHERE scope = $1 AND idempotency_key = $2
 )

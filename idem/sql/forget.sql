@@ -1,4 +1,5 @@
--- forget: deletes a key's row unless a transaction holds the key right now.
+-- forget: deletes a key's row, and an unfinished operation's state with it,
+-- unless a transaction holds the key right now.
 -- The advisory lock keeps a concurrent claim out until this statement's
 -- implicit transaction ends, and makes a busy key answer at once instead of
 -- waiting on the holder's row lock.
@@ -11,5 +12,15 @@ del AS (
     DELETE FROM idempotency_keys
     WHERE scope = $1 AND idempotency_key = $2 AND (SELECT free FROM lk)
     RETURNING 1
+),
+-- An unfinished operation's state goes with its key (schema/002); a
+-- data-modifying WITH runs whether or not the query reads it.
+op AS (
+    DELETE FROM idempotency_keys_operations
+    WHERE scope = $1 AND idempotency_key = $2 AND (SELECT free FROM lk)
+),
+st AS (
+    DELETE FROM idempotency_keys_steps
+    WHERE scope = $1 AND idempotency_key = $2 AND (SELECT free FROM lk)
 )
 SELECT (SELECT free FROM lk), (SELECT count(*) FROM del)

@@ -4,5 +4,6 @@
 SELECT request_hash, status, response, refusal
 FROM idempotency_keys
 WHERE scope = $1 AND idempotency_key = $2
-  AND status <> 'in_progress'
-  AND completed_at + (expires_at - created_at) > now()
+  AND (status = 'unfinished'
+       OR status <> 'in_progress'
+          AND completed_at + (expires_at - created_at) > now())

@@ -19,6 +19,9 @@ const DefaultTable = "idempotency_keys"
 var (
 	plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 	prefixRe   = regexp.MustCompile(`\bidempotency_keys_`)
+	// relationRe matches the tables that belong to the key table (the state
+	// of unfinished operations, schema/002): they take its schema too.
+	relationRe = regexp.MustCompile(`\bidempotency_keys_(operations|steps)\b`)
 	tableRe    = regexp.MustCompile(`\bidempotency_keys\b`)
 )
 
@@ -66,12 +69,24 @@ func (t Table) String() string {
 	return pgx.Identifier{t.schema, t.name}.Sanitize()
 }
 
+// Relation returns the table that belongs to t with the given suffix
+// ("_operations"): in t's schema, if it was given one.
+func (t Table) Relation(suffix string) string {
+	if t.schema == "" {
+		return pgx.Identifier{t.name + suffix}.Sanitize()
+	}
+	return pgx.Identifier{t.schema, t.name + suffix}.Sanitize()
+}
+
 // Rewrite returns sql with the default table replaced by t: derived names
 // (constraints, indexes) take t's unqualified name as their prefix.
 func (t Table) Rewrite(sql string) string {
 	if t.schema == "" && t.name == DefaultTable {
 		return sql
 	}
+	sql = relationRe.ReplaceAllStringFunc(sql, func(m string) string {
+		return t.Relation(m[len(DefaultTable):])
+	})
 	sql = prefixRe.ReplaceAllLiteralString(sql, t.name+"_")
 	return tableRe.ReplaceAllLiteralString(sql, t.String())
 }

@@ -32,3 +32,15 @@ func TestRewrite(t *testing.T) {
 		t.Fatal("the default table must leave the SQL as it is")
 	}
 }
+
+func TestRewriteRelations(t *testing.T) {
+	tb, err := ParseTable("billing.keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tb.Rewrite("SELECT 1 FROM idempotency_keys_operations JOIN idempotency_keys_steps USING (scope); ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_operations_pkey")
+	want := `SELECT 1 FROM "billing"."keys_operations" JOIN "billing"."keys_steps" USING (scope); ALTER TABLE "billing"."keys" ADD CONSTRAINT keys_operations_pkey`
+	if got != want {
+		t.Fatalf("Rewrite:\n got %s\nwant %s", got, want)
+	}
+}

@@ -1,0 +1,603 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/dbtx"
+)
+
+// The protocol of an operation made of steps. Where Do holds one
+// transaction for the whole call, an operation holds none between its
+// steps, and a lease instead (lease.go):
+//
+//	peek      op_peek.sql, no transaction: the stored answer (a replay,
+//	          ErrMismatch), or an owner at work (ErrInProgress), in one
+//	          round trip
+//	own       one short transaction: op_lock.sql (the key's advisory lock,
+//	          Do's), then op_begin.sql (the key's row 'unfinished', the
+//	          operation's row, token and lease; OperationConfig.OnStart)
+//	          or op_take.sql (a lease that ended: a new token), COMMIT
+//	steps     op_steps.sql reads what earlier owners recorded; each step not
+//	          recorded runs (steps.go): a database step in its own
+//	          transaction, fenced by op_fence.sql, recorded by op_record.sql
+//	          before its COMMIT; an external step with no transaction open,
+//	          recorded by op_record.sql after the call
+//	complete  op_complete.sql, one statement: the answer under the key, the
+//	          operation's state deleted, fenced by the token
+//
+// The owner renews its lease (op_renew.sql) while it works and ends it
+// (op_release.sql) when it stops on an error, so that a retry resumes at
+// once. Every record an owner makes names its token: once another owner
+// took the operation over, a stale owner's records match no row, its
+// database step rolls back, and it stops with ErrLeaseLost.
+
+// DefaultLease is OperationConfig.Lease when it is not set: 30 seconds.
+const DefaultLease = 30 * time.Second
+
+// minLease is the shortest lease accepted: renewals go out every third of
+// it, and shorter would be mostly renewing.
+const minLease = 100 * time.Millisecond
+
+// OperationConfig is the settings of one Operation. The zero value means
+// the defaults, which each field states.
+type OperationConfig[Req, Resp any] struct {
+	// Lease is how long an owner holds the operation without renewing: the
+	// bound within which an owner that died (a crash, a SIGKILL, a lost
+	// network) frees it for a retry or the completer. The owner renews it
+	// every third of Lease while it works; an owner paused past it (a long
+	// GC pause, SIGSTOP) loses the operation to the next caller and records
+	// nothing after that. Set it above the longest pause you expect between
+	// renewals, and keep external calls' timeouts below it. Defaults to
+	// DefaultLease (30s); at least 100ms.
+	Lease time.Duration
+
+	// Deadline, if set, is how long after its first step an operation may
+	// keep trying to finish its work. An owner that takes the operation
+	// over after the deadline runs Compensate instead of the operation's
+	// function. The deadline is checked when an owner takes the operation,
+	// not while it runs. Defaults to none: an unfinished operation is
+	// resumed until it finishes. Must not be negative; needs Compensate.
+	Deadline time.Duration
+
+	// Compensate ends an operation that passed its Deadline: it runs with
+	// the same Steps (steps the operation recorded are visible through
+	// Recorded; its own steps need names of their own) and cause, an
+	// error wrapping ErrDeadline, and its result is stored and replayed as
+	// the operation's answer, usually a *Refusal after undoing what the
+	// recorded steps did. Required with Deadline, refused without it.
+	Compensate func(s *Steps, req Req, cause error) (Resp, error)
+
+	// OnStart, if set, runs in the transaction that begins the operation
+	// (its first), so that what it writes commits exactly when the
+	// operation begins: idemriver's completer job, inserted with the
+	// operation and scheduled past its lease, drives it to its end if no
+	// client comes back. An error rolls the beginning back and fails the
+	// call. Defaults to none.
+	OnStart func(ctx context.Context, tx pgx.Tx, ref OperationRef) error
+}
+
+// An OperationRef names an unfinished operation: what a completer needs to
+// resume it (Operation.Resume).
+type OperationRef struct {
+	Operation string // the name given to NewOperation
+	Scope     string // the scope the key is stored under
+	Key       string // the idempotency key
+}
+
+// A Resumer resumes unfinished operations by key: *Operation is one, and
+// idemriver's completer takes any.
+type Resumer interface {
+	// Name returns the name the operation was registered with.
+	Name() string
+	// Resume drives the operation under scope and key to its end, as
+	// Operation.Resume documents.
+	Resume(ctx context.Context, scope, key string) (Outcome, error)
+}
+
+// An Operation is work under one idempotency key made of steps, for work
+// too long to hold one transaction open: a call to a card processor, a
+// bank, a shipping service. Each database step is its own short
+// transaction that commits its writes with the step's record; each
+// external step runs with no transaction open, with a key derived from the
+// operation's, and its answer is recorded before the next step; the
+// operation's result is stored under the key and replayed exactly as Do's.
+//
+// A call (Run) with a key whose operation is unfinished continues it from
+// what its steps recorded: a recorded step does not run again. While an
+// owner works, other calls get ErrInProgress at once. The owner holds a
+// lease (OperationConfig.Lease): an owner that died frees the operation
+// within it, and one that lost it records nothing more (fencing).
+//
+// The key is the same key Do uses: in the scope ctx carries, in the same
+// table, with the Client's TTL, Sealer and Observer. While the operation
+// is unfinished, Do with its key gets ErrInProgress, Lookup reports
+// StatusUnfinished, Sweep leaves it alone and Stats counts it; once it
+// finished, Do with its key and request hash replays its answer.
+//
+// Operations need a Client on a *pgxpool.Pool (the lease is renewed on a
+// connection of its own while a step runs) and the plain table layout.
+// docs/EXTERNAL_EFFECTS.md says when to use an Operation, Do, or a job
+// after the answer.
+type Operation[Req, Resp any] struct {
+	client *Client
+	pool   *pgxpool.Pool
+	name   string
+	fn     func(s *Steps, req Req) (Resp, error)
+	cfg    OperationConfig[Req, Resp]
+	lease  time.Duration
+	// plain is set once the table was found to have the plain layout.
+	plain atomic.Bool
+}
+
+// NewOperation returns the operation name, which runs fn with the Client c
+// under cfg (nil means the defaults). name identifies the operation's keys
+// for a completer (OperationRef) and enters the request hash, so the same
+// key used for two operations is ErrMismatch. fn must do its work through
+// Step and External on s, and may be run again after a crash or a lost
+// lease: everything outside a step must be free of effects and give the
+// same step names in the same order for the same request.
+//
+// Req and Resp must be types that encode to JSON (or that marshal
+// themselves) and decode back to what was stored: the request is stored so
+// that a completer can resume the operation without its client. An invalid
+// argument is an error wrapping ErrInvalidOption, found here rather than
+// at the first call.
+func NewOperation[Req, Resp any](c *Client, name string, fn func(s *Steps, req Req) (Resp, error), cfg *OperationConfig[Req, Resp]) (*Operation[Req, Resp], error) {
+	if c == nil {
+		return nil, inputError(ErrInvalidOption, "NewOperation: nil Client")
+	}
+	pool, ok := c.db.(*pgxpool.Pool)
+	if !ok {
+		return nil, inputError(ErrInvalidOption, "NewOperation: the Client's database is a %T; an operation needs a *pgxpool.Pool (its lease is renewed on a connection of its own)", c.db)
+	}
+	if err := validateText(ErrInvalidOption, name); err != nil || name == "" {
+		return nil, inputError(ErrInvalidOption, "NewOperation: invalid name %q", name)
+	}
+	if fn == nil {
+		return nil, inputError(ErrInvalidOption, "NewOperation %q: nil function", name)
+	}
+	if err := checkStorable[Req](); err != nil {
+		return nil, fmt.Errorf("NewOperation %q: the request: %w", name, err)
+	}
+	if err := checkStorable[Resp](); err != nil {
+		return nil, fmt.Errorf("NewOperation %q: the result: %w", name, err)
+	}
+	o := &Operation[Req, Resp]{client: c, pool: pool, name: name, fn: fn, lease: DefaultLease}
+	if cfg != nil {
+		o.cfg = *cfg
+	}
+	switch {
+	case o.cfg.Lease < 0 || o.cfg.Lease > 0 && o.cfg.Lease < minLease:
+		return nil, inputError(ErrInvalidOption, "NewOperation %q: Lease %v: at least %v", name, o.cfg.Lease, minLease)
+	case o.cfg.Deadline < 0:
+		return nil, inputError(ErrInvalidOption, "NewOperation %q: Deadline %v: must not be negative", name, o.cfg.Deadline)
+	case o.cfg.Deadline > 0 && o.cfg.Compensate == nil:
+		return nil, inputError(ErrInvalidOption, "NewOperation %q: a Deadline needs Compensate, which ends the operation past it", name)
+	case o.cfg.Deadline == 0 && o.cfg.Compensate != nil:
+		return nil, inputError(ErrInvalidOption, "NewOperation %q: Compensate runs only past a Deadline, which is not set", name)
+	}
+	if o.cfg.Lease > 0 {
+		o.lease = o.cfg.Lease
+	}
+	return o, nil
+}
+
+// Name returns the operation's name.
+func (o *Operation[Req, Resp]) Name() string { return o.name }
+
+// Run runs the operation for req under key, or continues it, or replays
+// its answer; it returns the result and how the call ended, as Run does
+// for a transaction:
+//   - OutcomeExecuted (or OutcomeRefused, with the *Refusal as the error):
+//     this call ran the operation's last step and stored its answer. Steps
+//     that an earlier owner recorded were not run again.
+//   - OutcomeReplayed: the answer was stored before; nothing ran.
+//   - OutcomeInProgress (ErrInProgress): another owner holds the operation
+//     right now; retry later, or leave it to the completer.
+//   - OutcomeMismatch (ErrMismatch): the key was used with another request
+//     or another operation, or by Do.
+//   - OutcomeFailed: the operation stopped on an error (a step's, ctx's,
+//     or ErrLeaseLost) and stays unfinished; what its steps recorded
+//     stays, and a retry with the same key continues from there.
+//   - OutcomeUnknown (ErrOutcomeUnknown): the connection failed while the
+//     answer was being stored; a retry with the same key replays it or
+//     finishes the operation.
+//
+// ctx governs the call: when it ends, the operation stops at the next step
+// and stays unfinished for a retry or the completer. Step functions get a
+// context that also ends when the lease is lost.
+func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Resp, Outcome, error) {
+	var zero Resp
+	s := o.client.base
+	scope, err := callScope(ctx, &s)
+	obs := s.observer
+	var start time.Time
+	reported := false
+	if obs != nil {
+		start = time.Now()
+		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
+		defer func() {
+			if !reported { // a step panicked: the panic goes on.
+				obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
+					Duration: time.Since(start), Err: errAbandoned})
+			}
+		}()
+	}
+	v, outcome, err := func() (Resp, Outcome, error) {
+		if err != nil {
+			return zero, OutcomeInvalid, err
+		}
+		reqData, hash, err := o.request(req)
+		if err != nil {
+			return zero, OutcomeInvalid, err
+		}
+		c, err := newCall(&s, scope, key, hash, o.pool)
+		if err != nil {
+			return zero, OutcomeInvalid, err
+		}
+		if err := ctx.Err(); err != nil {
+			return zero, OutcomeFailed, err
+		}
+		return o.settle(ctx, c, &req, reqData)
+	}()
+	if obs != nil {
+		reported = true
+		obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: outcome,
+			Refused:  (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err),
+			Duration: time.Since(start), Err: err})
+	}
+	if err != nil && outcome != OutcomeRefused && outcome != OutcomeReplayed {
+		return zero, outcome, err
+	}
+	return v, outcome, err
+}
+
+// Resume drives the unfinished operation under scope and key to its end
+// from the request stored with it, as a completer does when the client
+// never came back. It returns OutcomeReplayed when the operation already
+// finished, ErrNotFound when the key holds nothing (never begun, or
+// forgotten), ErrInProgress while another owner holds it, and otherwise
+// what Run would return.
+func (o *Operation[Req, Resp]) Resume(ctx context.Context, scope, key string) (Outcome, error) {
+	if err := ValidateScope(scope); err != nil {
+		return OutcomeInvalid, err
+	}
+	s := o.client.base
+	// The request hash is the stored one, read by the first look (peek).
+	c, err := newCall(&s, scope, key, resumeHash, o.pool)
+	if err != nil {
+		return OutcomeInvalid, err
+	}
+	_, outcome, err := o.settle(ctx, c, nil, nil)
+	if outcome == OutcomeRefused {
+		return outcome, nil // the refusal is the operation's answer, stored
+	}
+	return outcome, err
+}
+
+// resumeHash stands for the request hash of a call of Resume until its
+// first look reads the stored one.
+const resumeHash = "resume"
+
+// request encodes req for storage and hashes it with the operation's name.
+func (o *Operation[Req, Resp]) request(req Req) ([]byte, string, error) {
+	data, err := encode(req)
+	if err != nil {
+		return nil, "", inputError(ErrInvalidOption, "operation %q: encode the request: %v", o.name, err)
+	}
+	h, err := HashJSON(req)
+	if err != nil && !codecOf[Req]().binary {
+		return nil, "", inputError(ErrInvalidOption, "operation %q: hash the request: %v", o.name, err)
+	}
+	if codecOf[Req]().binary {
+		h = HashBytes(data)
+	}
+	return data, HashBytes([]byte("idem/operation/v1\x1f" + o.name + "\x1f" + h)), nil
+}
+
+// settle answers from what the key holds, or owns the operation and runs
+// it. req is nil for Resume, which takes the stored request.
+func (o *Operation[Req, Resp]) settle(ctx context.Context, c *call, req *Req, reqData []byte) (Resp, Outcome, error) {
+	var zero Resp
+	if err := o.checkLayout(ctx); err != nil {
+		return zero, OutcomeFailed, err
+	}
+	// One retry: a key that a Do completed between op_lock.sql's snapshot
+	// and its lock is seen by the next look.
+	for range 2 {
+		p, err := o.peek(ctx, c)
+		if err != nil {
+			return zero, OutcomeFailed, err
+		}
+		if p.rec != nil && req == nil {
+			c.reqHash = p.rec.requestHash
+		}
+		switch {
+		case p.rec == nil && req == nil:
+			return zero, OutcomeFailed, ErrNotFound
+		case p.rec != nil && p.rec.status != statusUnfinished:
+			return replay[Resp](ctx, c, p.rec)
+		case p.rec != nil && p.rec.requestHash != c.reqHash:
+			return zero, OutcomeMismatch, ErrMismatch
+		case p.rec != nil && p.leaseRunning:
+			return zero, OutcomeInProgress, ErrInProgress
+		}
+		ow, err := o.own(ctx, c, reqData, req != nil)
+		if errors.Is(err, errRaced) {
+			continue
+		}
+		if err != nil {
+			return zero, outcomeOf(err), err
+		}
+		if req == nil {
+			var r Req
+			if r, err = o.openRequest(ctx, c, ow.request); err != nil {
+				_ = o.release(ctx, c, ow.token, err)
+				return zero, OutcomeFailed, err
+			}
+			req = &r
+		}
+		return o.work(ctx, c, ow, *req)
+	}
+	return zero, OutcomeInProgress, ErrInProgress
+}
+
+// errRaced is own's answer when the key's row changed under it: the next
+// look reads it.
+var errRaced = errors.New("idem: the key changed while the operation was taken")
+
+func outcomeOf(err error) Outcome {
+	switch {
+	case errors.Is(err, ErrInProgress):
+		return OutcomeInProgress
+	case errors.Is(err, ErrMismatch):
+		return OutcomeMismatch
+	case errors.Is(err, ErrOutcomeUnknown):
+		return OutcomeUnknown
+	}
+	return OutcomeFailed
+}
+
+// checkLayout refuses a partitioned key table, once per Operation.
+func (o *Operation[Req, Resp]) checkLayout(ctx context.Context) error {
+	if o.plain.Load() {
+		return nil
+	}
+	var partitioned bool
+	if err := o.pool.QueryRow(ctx, o.client.base.stmts.op.layout).Scan(&partitioned); err != nil {
+		return tableError(o.client.base.table, "operation "+o.name, err)
+	}
+	if partitioned {
+		return inputError(ErrInvalidOption, "operation %q: the key table %s is partitioned; operations need the plain layout (schema.Apply), since a partition is dropped whole once its keys expire", o.name, o.client.base.table)
+	}
+	o.plain.Store(true)
+	return nil
+}
+
+// peeked is what op_peek.sql found.
+type peeked struct {
+	rec          *record
+	leaseRunning bool
+}
+
+func (o *Operation[Req, Resp]) peek(ctx context.Context, c *call) (peeked, error) {
+	var (
+		rec   record
+		lease *bool
+	)
+	err := o.pool.QueryRow(ctx, c.stmts.op.peek, c.scope, c.key).
+		Scan(&rec.requestHash, &rec.status, &rec.response, &rec.refusal, &lease)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return peeked{}, nil
+	}
+	if err != nil {
+		return peeked{}, tableError(c.s.table, "operation "+o.name+": look up key", err)
+	}
+	return peeked{rec: &rec, leaseRunning: lease != nil && *lease}, nil
+}
+
+// owned is an owner's hold on an operation.
+type owned struct {
+	token   int64
+	fresh   bool   // the operation began with this owner: no steps recorded
+	overdue bool   // past its deadline: compensate
+	request []byte // the stored request, when taken over
+}
+
+// own begins the operation, or takes it over from an owner whose lease
+// ended, in one short transaction.
+func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte, canBegin bool) (ow owned, err error) {
+	tx, err := o.pool.Begin(ctx)
+	if err != nil {
+		return ow, fmt.Errorf("idem: operation %q: begin: %w", o.name, err)
+	}
+	defer func() {
+		if err != nil {
+			dbtx.Rollback(ctx, tx)
+		}
+	}()
+	var (
+		locked       bool
+		hash, status *string
+		live         *bool
+	)
+	if err = tx.QueryRow(ctx, c.stmts.op.lock, c.scope, c.key, c.lockArg).Scan(&locked, &hash, &status, &live); err != nil {
+		return ow, fmt.Errorf("idem: operation %q: lock the key: %w", o.name, err)
+	}
+	switch {
+	case !locked:
+		return ow, ErrInProgress // a Do, or another caller, is claiming the key
+	case live != nil && *live && *status != statusUnfinished:
+		return ow, errRaced
+	case live != nil && *live && *hash != c.reqHash:
+		return ow, ErrMismatch
+	case live != nil && *live:
+		var (
+			free, overdue *bool
+			token         *int64
+			name          *string
+		)
+		err = tx.QueryRow(ctx, c.stmts.op.take, c.scope, c.key, o.lease.Microseconds()).
+			Scan(&free, &token, &name, &ow.request, &overdue)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
+			return ow, ErrInProgress // the owner is inside a database step
+		}
+		if err != nil {
+			return ow, fmt.Errorf("idem: operation %q: take over: %w", o.name, err)
+		}
+		switch {
+		case free == nil:
+			return ow, fmt.Errorf("%w: the key is unfinished and has no operation state (was %s_operations changed by hand?)", ErrCorruptRecord, c.s.table)
+		case !*free:
+			return ow, ErrInProgress
+		case *name != o.name:
+			return ow, fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, *name, o.name)
+		}
+		ow.token, ow.overdue = *token, *overdue
+	case !canBegin:
+		return ow, ErrNotFound
+	default:
+		stored, serr := o.sealRequest(ctx, c, reqData)
+		if serr != nil {
+			err = serr
+			return ow, err
+		}
+		var deadline any
+		if o.cfg.Deadline > 0 {
+			deadline = o.cfg.Deadline.Microseconds()
+		}
+		err = tx.QueryRow(ctx, c.stmts.op.begin, c.scope, c.key, c.reqHash, c.ttlMicro,
+			o.name, stored, o.lease.Microseconds(), deadline).Scan(&ow.token)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ow, errRaced
+		}
+		if err != nil {
+			return ow, fmt.Errorf("idem: operation %q: begin: %w", o.name, err)
+		}
+		ow.fresh = true
+		if o.cfg.OnStart != nil {
+			if err = o.cfg.OnStart(ctx, tx, OperationRef{Operation: o.name, Scope: c.scope, Key: c.key}); err != nil {
+				return ow, fmt.Errorf("idem: operation %q: OnStart: %w", o.name, err)
+			}
+		}
+	}
+	if err = tx.Commit(ctx); err != nil {
+		if dbtx.CommitOutcomeUnknown(err) {
+			// Whether this call owns the operation is unknown; either way a
+			// retry after the lease finds out.
+			return ow, fmt.Errorf("%w: operation %q: %w", ErrOutcomeUnknown, o.name, err)
+		}
+		return ow, fmt.Errorf("idem: operation %q: commit: %w", o.name, err)
+	}
+	return ow, nil
+}
+
+// work runs the operation as its owner and stores its answer.
+func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req Req) (Resp, Outcome, error) {
+	var zero Resp
+	l := o.startLease(ctx, c, ow.token)
+	s := &Steps{op: o.name, c: c, pool: o.pool, lease: l, ctx: contextWithKey(l.ctx, CallKey{Scope: c.scope, Key: c.key}), ran: map[string]bool{}}
+	if !ow.fresh {
+		if err := s.load(ctx); err != nil {
+			l.stop()
+			_ = o.release(ctx, c, ow.token, err)
+			return zero, OutcomeFailed, err
+		}
+	}
+	finished := false
+	defer func() {
+		if !finished { // a step panicked: free the operation, let the panic go on.
+			l.stop()
+			_ = o.release(ctx, c, ow.token, errAbandoned)
+		}
+	}()
+	var (
+		v     Resp
+		fnErr error
+	)
+	if ow.overdue {
+		v, fnErr = o.cfg.Compensate(s, req, fmt.Errorf("%w: %v after its first step", ErrDeadline, o.cfg.Deadline))
+	} else {
+		v, fnErr = o.fn(s, req)
+	}
+	finished = true
+	l.stop()
+	if l.lost() {
+		return zero, OutcomeFailed, fmt.Errorf("%w: operation %q", ErrLeaseLost, o.name)
+	}
+	fin, stored, err := finishing(ctx, c, v, fnErr)
+	if err != nil {
+		_ = o.release(ctx, c, ow.token, err)
+		return zero, OutcomeFailed, err
+	}
+	var n int
+	err = o.pool.QueryRow(ctx, c.stmts.op.complete, c.scope, c.key, ow.token,
+		statusArg(fin.status), fin.response, fin.refusal).Scan(&n)
+	if err != nil {
+		if dbtx.CommitOutcomeUnknown(err) {
+			return zero, OutcomeUnknown, fmt.Errorf("%w: operation %q: store the answer: %w", ErrOutcomeUnknown, o.name, err)
+		}
+		_ = o.release(ctx, c, ow.token, err)
+		return zero, OutcomeFailed, fmt.Errorf("idem: operation %q: store the answer: %w", o.name, err)
+	}
+	if n == 0 {
+		return zero, OutcomeFailed, fmt.Errorf("%w: operation %q: the answer was not stored", ErrLeaseLost, o.name)
+	}
+	if fin.refused {
+		return stored, OutcomeRefused, fnErr
+	}
+	return stored, OutcomeExecuted, nil
+}
+
+// release ends the owner's lease now, recording why it stopped. It uses
+// ctx's values without its cancellation: a call stopped by ctx still frees
+// its operation.
+func (o *Operation[Req, Resp]) release(ctx context.Context, c *call, token int64, why error) error {
+	ctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	msg := why.Error()
+	if len(msg) > 1000 {
+		msg = msg[:1000]
+	}
+	_, err := o.pool.Exec(ctx, c.stmts.op.release, c.scope, c.key, token, msg)
+	return err
+}
+
+// sealRequest is the request as stored: sealed with the Client's Sealer,
+// if it has one.
+func (o *Operation[Req, Resp]) sealRequest(ctx context.Context, c *call, data []byte) ([]byte, error) {
+	if c.s.sealer == nil {
+		return data, nil
+	}
+	sealed, err := c.s.sealer.Seal(ctx, c.scope, c.key+"\x1frequest", data)
+	if err != nil {
+		return nil, fmt.Errorf("idem: operation %q: seal the request: %w", o.name, err)
+	}
+	return sealed, nil
+}
+
+func (o *Operation[Req, Resp]) openRequest(ctx context.Context, c *call, stored []byte) (Req, error) {
+	var zero Req
+	data := stored
+	if c.s.sealer != nil {
+		var err error
+		if data, err = c.s.sealer.Open(ctx, c.scope, c.key+"\x1frequest", stored); err != nil {
+			return zero, fmt.Errorf("%w: operation %q: open the stored request: %w", ErrCorruptRecord, o.name, err)
+		}
+	}
+	r, err := decode[Req](data)
+	if err != nil {
+		return zero, fmt.Errorf("%w: operation %q: decode the stored request: %w", ErrCorruptRecord, o.name, err)
+	}
+	return r, nil
+}

@@ -1,0 +1,18 @@
+-- op_record: records a step's output. A database step sends it inside its
+-- own transaction, after op_fence.sql, so the output commits with the
+-- step's writes; an external step sends it on its own, after the call,
+-- and the fence is in the statement: an owner that lost its lease records
+-- nothing, and its caller repeats the call with the same derived key.
+--   $1 scope   $2 key   $3 token   $4 step   $5 output
+--   $6 lease in microseconds
+-- Returns one row when recorded, none when the token is no longer the
+-- operation's.
+WITH f AS (
+    UPDATE idempotency_keys_operations
+    SET lease_until = now() + $6::bigint * interval '1 microsecond'
+    WHERE scope = $1 AND idempotency_key = $2 AND token = $3
+    RETURNING 1
+)
+INSERT INTO idempotency_keys_steps (scope, idempotency_key, step, output, token)
+SELECT $1, $2, $4, $5, $3 FROM f
+RETURNING 1

@@ -1,0 +1,379 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/dbtx"
+)
+
+// Steps is one owner's run of an Operation: the operation's function does
+// its work through Step and External on it. Steps that an earlier owner
+// recorded return their recorded output without running. A Steps is used
+// by the goroutine that runs the operation's function, and only during
+// that call.
+type Steps struct {
+	op    string
+	c     *call
+	pool  *pgxpool.Pool
+	lease *lease
+	ctx   context.Context
+	// recorded holds the outputs earlier owners recorded, by step name, as
+	// stored (sealed, if the Client has a Sealer).
+	recorded map[string][]byte
+	// ran holds the names used in this run: a name used twice is an error.
+	ran map[string]bool
+}
+
+// Context returns the context of the run: the caller's, carrying the key
+// (KeyFromContext, DeriveKey), and ended when the owner loses its lease
+// (context.Cause is then ErrLeaseLost).
+func (s *Steps) Context() context.Context { return s.ctx }
+
+// Key returns the operation's scope and key.
+func (s *Steps) Key() CallKey { return CallKey{Scope: s.c.scope, Key: s.c.key} }
+
+// StepKind tells a database step from an external one, for observers.
+type StepKind uint8
+
+// The kinds of step.
+const (
+	// StepDatabase runs in a transaction of its own that commits with its
+	// record (Step).
+	StepDatabase StepKind = iota + 1
+	// StepExternal runs with no transaction open and is recorded after it
+	// returns (External).
+	StepExternal
+)
+
+// String returns "database" or "external".
+func (k StepKind) String() string {
+	switch k {
+	case StepDatabase:
+		return "database"
+	case StepExternal:
+		return "external"
+	}
+	return "unknown"
+}
+
+// Step runs fn as the database step name of the operation, at most once:
+// fn runs in a transaction of its own, in which the step's output is
+// recorded before COMMIT, so fn's writes and the record commit together or
+// not at all. A step recorded before (by this or an earlier owner of the
+// operation) returns its recorded output, decoded, without running fn.
+//
+// The transaction begins by checking the owner's fencing token and locks
+// the operation's row: no other owner takes the operation over while the
+// step runs, and an owner that lost its lease gets ErrLeaseLost before fn
+// runs. Config.IdleTimeout bounds its pauses as it does Do's.
+//
+// An error from fn rolls the step back and is returned as it is: the
+// operation's function decides (return a *Refusal to store it as the
+// answer; any other error leaves the operation unfinished, to be continued
+// by a retry). A lost reply to COMMIT is an error wrapping
+// ErrOutcomeUnknown; a retry finds the step recorded, or runs it.
+// T must encode and decode as Operation's Resp does.
+func Step[T any](s *Steps, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+	var zero T
+	if v, ok, err := replayed[T](s, name, StepDatabase); ok || err != nil {
+		return v, err
+	}
+	if fn == nil {
+		return zero, inputError(ErrInvalidOption, "step %q: nil function", name)
+	}
+	ctx, done := s.observe(name, StepDatabase)
+	v, err := runStep(ctx, s, name, fn)
+	done(err)
+	return v, err
+}
+
+func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (v T, err error) {
+	var zero T
+	if err := s.live(); err != nil {
+		return zero, err
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return zero, fmt.Errorf("idem: step %q: begin: %w", name, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			dbtx.Rollback(ctx, tx)
+		}
+	}()
+	var set string
+	err = tx.QueryRow(ctx, s.c.stmts.op.fence, s.c.scope, s.c.key, s.lease.token,
+		s.lease.micros, s.idle()).Scan(&set)
+	if errors.Is(err, pgx.ErrNoRows) {
+		s.lease.lose()
+		return zero, fmt.Errorf("%w: step %q did not run", ErrLeaseLost, name)
+	}
+	if err != nil {
+		return zero, fmt.Errorf("idem: step %q: %w", name, err)
+	}
+	v, err = fn(ctx, tx)
+	if err != nil {
+		return zero, err
+	}
+	data, stored, err := encodeStep(ctx, s, name, v)
+	if err != nil {
+		return zero, err
+	}
+	var one int
+	if err = tx.QueryRow(ctx, s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros).Scan(&one); err != nil {
+		// op_fence.sql's lock keeps the token from changing in between.
+		return zero, fmt.Errorf("idem: step %q: record: %w", name, err)
+	}
+	committed = true
+	if err := tx.Commit(ctx); err != nil {
+		if dbtx.CommitOutcomeUnknown(err) {
+			return zero, fmt.Errorf("%w: step %q: %w", ErrOutcomeUnknown, name, err)
+		}
+		return zero, fmt.Errorf("idem: step %q: commit: %w", name, err)
+	}
+	return stored, nil
+}
+
+// External runs fn as the external step name of the operation: a call to
+// another service, made with no transaction open and no connection held.
+// key is the idempotency key to send that service: the operation's key
+// derived for name (CallKey.Derive), the same for every owner and every
+// retry, so a service that honours it acts once however often the call is
+// repeated. fn's output is recorded once fn returns; a step recorded before
+// returns its recorded output without calling fn.
+//
+// fn is called again, with the same key, only when its output was not
+// recorded: the owner died or lost its lease after the service acted and
+// before the record, or the record's reply was lost (ErrOutcomeUnknown).
+// An owner that lost its lease records nothing: External returns
+// ErrLeaseLost, and the output the other owner records is the one that
+// counts. An error from fn is returned as it is and records nothing.
+// The context fn gets ends when the lease is lost: keep fn's own timeout
+// below OperationConfig.Lease.
+func External[T any](s *Steps, name string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
+	var zero T
+	if v, ok, err := replayed[T](s, name, StepExternal); ok || err != nil {
+		return v, err
+	}
+	if fn == nil {
+		return zero, inputError(ErrInvalidOption, "step %q: nil function", name)
+	}
+	ctx, done := s.observe(name, StepExternal)
+	v, err := runExternal(ctx, s, name, fn)
+	done(err)
+	return v, err
+}
+
+func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
+	var zero T
+	if err := s.live(); err != nil {
+		return zero, err
+	}
+	v, err := fn(ctx, s.Key().Derive(name))
+	if err != nil {
+		return zero, err
+	}
+	data, stored, err := encodeStep(ctx, s, name, v)
+	if err != nil {
+		return zero, err
+	}
+	// The record carries its own fence: one statement, one implicit
+	// transaction.
+	rctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	var one int
+	err = s.pool.QueryRow(rctx, s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros).Scan(&one)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		s.lease.lose()
+		return zero, fmt.Errorf("%w: step %q was not recorded", ErrLeaseLost, name)
+	case err != nil && dbtx.CommitOutcomeUnknown(err):
+		return zero, fmt.Errorf("%w: step %q: record: %w", ErrOutcomeUnknown, name, err)
+	case err != nil:
+		return zero, fmt.Errorf("idem: step %q: record: %w", name, err)
+	}
+	return stored, nil
+}
+
+// Recorded returns the output the step name recorded in this operation,
+// and whether it did: for Compensate, to undo what the operation's steps
+// did. It runs nothing.
+func Recorded[T any](s *Steps, name string) (T, bool, error) {
+	var zero T
+	stored, ok := s.recorded[name]
+	if !ok {
+		return zero, false, nil
+	}
+	v, err := decodeStep[T](s, name, stored)
+	return v, true, err
+}
+
+// replayed checks name and returns its recorded output, decoded, if it
+// has one.
+func replayed[T any](s *Steps, name string, kind StepKind) (T, bool, error) {
+	var zero T
+	if err := validateText(ErrInvalidOption, name); err != nil || name == "" {
+		return zero, false, inputError(ErrInvalidOption, "invalid step name %q", name)
+	}
+	if s.ran[name] {
+		return zero, false, inputError(ErrInvalidOption, "step %q runs twice in one operation; each step needs a name of its own", name)
+	}
+	s.ran[name] = true
+	stored, ok := s.recorded[name]
+	if !ok {
+		return zero, false, nil
+	}
+	v, err := decodeStep[T](s, name, stored)
+	if obs, isObs := s.c.s.observer.(StepObserver); isObs && err == nil {
+		obs.StepEnd(s.ctx, StepEnd{Table: s.c.s.table, Scope: s.c.scope, Operation: s.op, Step: name, Kind: kind, Recorded: true})
+	}
+	return v, true, err
+}
+
+// decodeStep opens and decodes a recorded output.
+func decodeStep[T any](s *Steps, name string, stored []byte) (T, error) {
+	var zero T
+	data := stored
+	if s.c.s.sealer != nil {
+		var err error
+		if data, err = s.c.s.sealer.Open(s.ctx, s.c.scope, stepSealKey(s.c.key, name), stored); err != nil {
+			return zero, fmt.Errorf("%w: step %q: open: %w", ErrCorruptRecord, name, err)
+		}
+	}
+	v, err := decode[T](data)
+	if err != nil {
+		return zero, fmt.Errorf("%w: step %q: %w", ErrCorruptRecord, name, err)
+	}
+	return v, nil
+}
+
+// encodeStep returns the output as recorded, and as a replay of the step
+// will see it.
+func encodeStep[T any](ctx context.Context, s *Steps, name string, v T) ([]byte, T, error) {
+	var zero T
+	if err := checkStorable[T](); err != nil {
+		return nil, zero, fmt.Errorf("step %q: %w", name, err)
+	}
+	data, err := encode(v)
+	if err != nil {
+		return nil, zero, fmt.Errorf("idem: step %q: encode the output: %w", name, err)
+	}
+	if len(data) > s.c.s.maxResult {
+		return nil, zero, fmt.Errorf("%w: step %q: %d bytes encoded, more than %d (Config.MaxResultBytes)", ErrResultTooLarge, name, len(data), s.c.s.maxResult)
+	}
+	stored, err := storedForm(v, data)
+	if err != nil {
+		return nil, zero, err
+	}
+	if s.c.s.sealer != nil {
+		if data, err = s.c.s.sealer.Seal(ctx, s.c.scope, stepSealKey(s.c.key, name), data); err != nil {
+			return nil, zero, fmt.Errorf("idem: step %q: seal the output: %w", name, err)
+		}
+	}
+	return data, stored, nil
+}
+
+// stepSealKey binds a sealed output to its step, so that outputs cannot be
+// swapped between steps.
+func stepSealKey(key, step string) string { return key + "\x1fstep\x1f" + step }
+
+// live fails a step that would start after the lease was lost or ctx
+// ended.
+func (s *Steps) live() error {
+	if s.lease.lost() {
+		return fmt.Errorf("%w: operation %q", ErrLeaseLost, s.op)
+	}
+	return s.ctx.Err()
+}
+
+func (s *Steps) idle() any {
+	if s.c.s.idle == nil {
+		return nil
+	}
+	return s.c.s.idle[0]
+}
+
+// load reads what earlier owners recorded.
+func (s *Steps) load(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, s.c.stmts.op.steps, s.c.scope, s.c.key)
+	if err != nil {
+		return fmt.Errorf("idem: operation %q: read its steps: %w", s.op, err)
+	}
+	s.recorded = map[string][]byte{}
+	for rows.Next() {
+		var (
+			name string
+			out  []byte
+		)
+		if err := rows.Scan(&name, &out); err != nil {
+			rows.Close()
+			return fmt.Errorf("idem: operation %q: read its steps: %w", s.op, err)
+		}
+		s.recorded[name] = out
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("idem: operation %q: read its steps: %w", s.op, err)
+	}
+	return nil
+}
+
+// observe tells a StepObserver that a step starts, and returns the
+// context for the step and the function that tells it the step ended.
+func (s *Steps) observe(name string, kind StepKind) (context.Context, func(error)) {
+	obs, ok := s.c.s.observer.(StepObserver)
+	if !ok {
+		return s.ctx, func(error) {}
+	}
+	start := time.Now()
+	ctx := obs.StepStart(s.ctx, StepStart{Table: s.c.s.table, Scope: s.c.scope, Operation: s.op, Step: name, Kind: kind})
+	return ctx, func(err error) {
+		obs.StepEnd(ctx, StepEnd{Table: s.c.s.table, Scope: s.c.scope, Operation: s.op, Step: name, Kind: kind,
+			Duration: time.Since(start), Err: err})
+	}
+}
+
+// A StepObserver is an Observer that is also told about the steps of
+// operations (Operation): a span or a duration per step. An Observer that
+// does not implement it hears of an operation's calls only.
+type StepObserver interface {
+	Observer
+	// StepStart runs before a step that is not recorded yet; the context
+	// it returns is the step's.
+	StepStart(ctx context.Context, step StepStart) context.Context
+	// StepEnd runs once per StepStart when the step returns, and once for
+	// a recorded step that returned its output without running (Recorded
+	// set, no StepStart).
+	StepEnd(ctx context.Context, step StepEnd)
+}
+
+// StepStart is what is known when a step begins.
+type StepStart struct {
+	Table     string // the key table
+	Scope     string // the scope the operation's key is stored under
+	Operation string // the operation's name
+	Step      string // the step's name
+	Kind      StepKind
+}
+
+// StepEnd is how a step ended.
+type StepEnd struct {
+	Table     string
+	Scope     string
+	Operation string
+	Step      string
+	Kind      StepKind
+	// Recorded is true when the step had been recorded before and did not
+	// run.
+	Recorded bool
+	// Duration is the step's wall time; 0 when Recorded.
+	Duration time.Duration
+	// Err is the error the step returned, nil on success.
+	Err error
+}
