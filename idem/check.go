@@ -11,14 +11,18 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-//go:embed sql/check.sql
-var checkSQL string
+var (
+	//go:embed sql/check.sql
+	checkSQL string
+	//go:embed sql/check_operations.sql
+	checkOperationsSQL string
+)
 
 // applySchema is what every error about a missing or malformed key table
 // tells the operator to do.
 const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPartitioned) or `idem migrate` (safe to repeat)"
 
-// Check verifies, in one statement that reads the catalog and writes
+// Check verifies, in two statements that read the catalog and write
 // nothing, that the Client can work with its key table, so that a
 // misconfigured deployment fails when it starts rather than at its first
 // call. It returns nil, or an error that names every problem found and
@@ -32,6 +36,8 @@ const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPar
 //     created_at), with a partition, or the DEFAULT one, that takes a key
 //     claimed now;
 //   - the role may SELECT, INSERT, UPDATE and DELETE its rows;
+//   - the tables of unfinished operations exist (schema/002), and the
+//     status check of a plain table admits 'unfinished';
 //   - the session may write: it is not read-only (default_transaction_read_only,
 //     or an outer read-only transaction given to On) and the server is not a
 //     standby.
@@ -94,6 +100,20 @@ func (c *Client) Check(ctx context.Context) error {
 		if len(lacks) > 0 {
 			add("idem: the role %s may not %s rows of the key table %s: GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s",
 				role, strings.Join(lacks, ", "), table, *name, role)
+		}
+	}
+	if name != nil && len(missing) == 0 {
+		var opsTable, stepsTable, admits bool
+		err := c.query(ctx, func(q querier) error {
+			return q.QueryRow(ctx, c.base.stmts.checkOperations, c.base.table).Scan(&opsTable, &stepsTable, &admits)
+		})
+		switch {
+		case err != nil:
+			return fmt.Errorf("idem: check %s: %w", c.base.table, err)
+		case !opsTable || !stepsTable:
+			add("idem: the tables of unfinished operations (%s_operations, %s_steps) do not exist; Forget and Stats read them: %s", table, table, applySchema)
+		case !admits && !partitioned: // operations run on the plain layout only
+			add("idem: the key table %s's status check does not admit 'unfinished' (an operation's key): it predates schema/002_idempotency_keys_operations.sql; recreate the check as schema/001_idempotency_keys.sql has it", table)
 		}
 	}
 	switch {

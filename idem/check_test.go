@@ -62,6 +62,20 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("without the tables of operations", func(t *testing.T) {
+		if err := schema.ApplyTable(ctx, pool, "check_noops"); err != nil {
+			t.Fatal(err)
+		}
+		exec(t, "DROP TABLE check_noops_steps")
+		wantProblem(t, client(t, "check_noops").Check(ctx), "check_noops_operations, check_noops_steps", "idem migrate")
+	})
+	t.Run("a status check from before operations", func(t *testing.T) {
+		if err := schema.ApplyTable(ctx, pool, "check_oldstatus"); err != nil {
+			t.Fatal(err)
+		}
+		exec(t, "ALTER TABLE check_oldstatus DROP CONSTRAINT check_oldstatus_status_check, ADD CONSTRAINT check_oldstatus_status_check CHECK (status IN ('in_progress', 'completed', 'refused'))")
+		wantProblem(t, client(t, "check_oldstatus").Check(ctx), "does not admit 'unfinished'")
+	})
 	t.Run("missing table", func(t *testing.T) {
 		wantProblem(t, client(t, "check_missing").Check(ctx), "check_missing does not exist", "schema.ApplyTable", "idem migrate")
 	})

@@ -77,9 +77,21 @@
 // table's layout and prepares its statements. A replay is one round trip
 // that takes no lock and writes nothing.
 //
-// # Operations
+// # Work too long for one transaction
+//
+// Do holds its transaction, a connection and the key for the whole of fn. For
+// work that calls a slow service (a card processor), an Operation (see
+// NewOperation) runs under the same key as steps: each database step (Step) is
+// a short transaction that commits its writes with the step's record, each
+// external step (External) runs with no transaction open and a key derived
+// from the operation's, and the last step stores the answer, which replays as
+// Do's. A retry, or a completer (package idemriver), continues an unfinished
+// operation from its last recorded step; a lease and a fencing token keep one
+// owner at a time (operation.go has the protocol).
+//
+// # Running it
 //
 // Client.Lookup shows what a key holds, Client.Forget resets a key,
-// Client.Sweep and Client.SweepEvery delete expired keys, and an Observer
-// sees every call.
+// Client.Sweep and Client.SweepEvery delete expired keys, Client.Stats reads
+// the table's health, and an Observer sees every call.
 package idem

@@ -93,6 +93,7 @@ func newOpSQL(t sqltext.Table) opSQL {
 type statements struct {
 	table                         string
 	lookup, sweep, record, forget string
+	checkOperations               string
 
 	// The protocols' statements: insert and deferred on the plain set,
 	// part on the partitioned one (chooseProtocol).
@@ -122,23 +123,25 @@ func statementsFor(table string) (*statements, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidTable, err)
 	}
 	s := &statements{
-		table:    table,
-		lookup:   t.Rewrite(lookupSQL),
-		sweep:    t.Rewrite(sweepSQL),
-		record:   t.Rewrite(recordSQL),
-		forget:   t.Rewrite(forgetSQL),
-		insert:   newInsertSQL(t),
-		deferred: newDeferredSQL(t),
-		op:       newOpSQL(t),
+		table:           table,
+		lookup:          t.Rewrite(lookupSQL),
+		sweep:           t.Rewrite(sweepSQL),
+		record:          t.Rewrite(recordSQL),
+		forget:          t.Rewrite(forgetSQL),
+		checkOperations: t.Rewrite(checkOperationsSQL),
+		insert:          newInsertSQL(t),
+		deferred:        newDeferredSQL(t),
+		op:              newOpSQL(t),
 	}
 	s.partitioned = &statements{
-		table:         table,
-		lookup:        s.lookup,
-		record:        t.Rewrite(recordPartitionedSQL),
-		forget:        s.forget,
-		part:          newPartitionedSQL(t),
-		op:            s.op,
-		isPartitioned: true,
+		table:           table,
+		lookup:          s.lookup,
+		record:          t.Rewrite(recordPartitionedSQL),
+		forget:          s.forget,
+		checkOperations: s.checkOperations,
+		part:            newPartitionedSQL(t),
+		op:              s.op,
+		isPartitioned:   true,
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)
 	return actual.(*statements), nil
