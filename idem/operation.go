@@ -263,10 +263,13 @@ func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Re
 
 // Resume drives the unfinished operation under scope and key to its end
 // from the request stored with it, as a completer does when the client
-// never came back. It returns OutcomeReplayed when the operation already
-// finished, ErrNotFound when the key holds nothing (never begun, or
-// forgotten), ErrInProgress while another owner holds it, and otherwise
-// what Run would return.
+// never came back. It returns a nil error once the operation has an
+// answer: OutcomeExecuted or OutcomeRefused when this call stored it,
+// OutcomeReplayed when it had finished before. Otherwise it returns
+// ErrNotFound when the key holds nothing (never begun, or forgotten),
+// ErrInProgress while another owner holds the operation, ErrMismatch when
+// the unfinished key belongs to another operation, and what Run would
+// return for a failure.
 func (o *Operation[Req, Resp]) Resume(ctx context.Context, scope, key string) (Outcome, error) {
 	if err := ValidateScope(scope); err != nil {
 		return OutcomeInvalid, err
@@ -278,8 +281,8 @@ func (o *Operation[Req, Resp]) Resume(ctx context.Context, scope, key string) (O
 		return OutcomeInvalid, err
 	}
 	_, outcome, err := o.settle(ctx, c, nil, nil)
-	if outcome == OutcomeRefused {
-		return outcome, nil // the refusal is the operation's answer, stored
+	if outcome == OutcomeRefused || outcome == OutcomeReplayed {
+		return outcome, nil // a stored refusal is the operation's answer too
 	}
 	return outcome, err
 }
