@@ -30,8 +30,8 @@ type Stats struct {
 	// VACUUM or ANALYZE has measured the table yet.
 	Rows int64
 
-	// Live estimates the keys that still replay: Rows minus Expired, at
-	// least 0. Estimated; -1 when Rows is.
+	// Live estimates the keys that still replay: Rows minus Expired and
+	// Unfinished, at least 0. Estimated; -1 when Rows is.
 	Live int64
 
 	// Expired counts the keys whose TTL has passed and that wait for the
@@ -105,7 +105,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	st.OldestUnfinished = time.Duration(oldestMicros) * time.Microsecond
 	st.Live = -1
 	if st.Rows >= 0 {
-		st.Live = max(st.Rows-st.Expired, 0)
+		st.Live = max(st.Rows-st.Expired-st.Unfinished, 0)
 	}
 	return st, nil
 }

@@ -44,10 +44,11 @@ var defaultReplayHeaders = []string{
 	"Content-Location", "Location", "Etag", "Last-Modified",
 }
 
-// Config is the middleware's settings, checked once by NewMiddleware. The
-// zero value means the defaults each field states. Deployment settings of
-// the keys themselves (table, TTL, sealer, observer) belong to the
-// idem.Client the middleware is given.
+// Config is the middleware's settings, checked once by NewMiddleware, and
+// an operation handler's (NewOperationHandler lists the fields that apply
+// there). The zero value means the defaults each field states. Deployment
+// settings of the keys themselves (table, TTL, sealer, observer) belong to
+// the idem.Client the middleware is given.
 type Config struct {
 	// Methods are the methods the middleware covers; requests with other
 	// methods pass through untouched and Tx returns nil for them. Methods
@@ -183,9 +184,9 @@ type Config struct {
 	ProblemBase string
 
 	// WriteProblem renders the middleware's own answers (400, 401, 409,
-	// 413, 422, 500, 503) in the service's own error format. It is called
-	// with Retry-After and Cache-Control already set on w's header and must
-	// write p.Status. Defaults to an RFC 9457 application/problem+json body.
+	// 413, 422, 500, 503), and an operation handler's refusals and 404s,
+	// in the service's own error format. It is called with Retry-After and
+	// Cache-Control already set on w's header and must write p.Status. Defaults to an RFC 9457 application/problem+json body.
 	WriteProblem func(w http.ResponseWriter, r *http.Request, p Problem)
 
 	// Logger receives every 5xx answer of the middleware's own (503 outcome

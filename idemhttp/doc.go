@@ -43,6 +43,12 @@
 // request without a principal is refused. Only Config.SharedKeys, an
 // explicit opt-in, puts every client in one key space.
 //
+// Work too long for one transaction (a call to a card processor) is an
+// idem.Operation made of steps, which the middleware's single transaction
+// cannot span: NewOperationHandler serves one on a route of its own, with
+// the same key, scope and problem rules, and lets a waiting client choose
+// 202 Accepted with a Location to poll (ServeStatus) instead of 409.
+//
 // The middleware's own answers are RFC 9457 problem documents whose types
 // are the Problem* constants, or whatever Config.WriteProblem renders.
 package idemhttp

@@ -71,11 +71,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if key == "" {
 		if m.cfg.Required {
-			detail := "this request needs an " + HeaderKey + " header"
-			if m.cfg.Key != nil {
-				detail = "this request needs an idempotency key"
-			}
-			h.refuse(w, r, ProblemMissingKey, detail)
+			h.refuseMissingKey(w, r)
 			return
 		}
 		if m.cfg.Key != nil || h.readBodyInto(w, r, &body) {
@@ -176,6 +172,15 @@ func (h *handler) readKey(w http.ResponseWriter, r *http.Request) (key string, b
 		return "", nil, false
 	}
 	return key, body, true
+}
+
+// refuseMissingKey answers a request that needs a key and has none.
+func (h *handler) refuseMissingKey(w http.ResponseWriter, r *http.Request) {
+	detail := "this request needs an " + HeaderKey + " header"
+	if h.m.cfg.Key != nil {
+		detail = "this request needs an idempotency key"
+	}
+	h.refuse(w, r, ProblemMissingKey, detail)
 }
 
 // readBodyInto reads the body into *body; see readBody.

@@ -54,6 +54,16 @@ const (
 	// stored response that cannot be read back, or a success the handler
 	// marked with NoStore, whose writes rolled back. 500.
 	ProblemInternal = "/problems/internal-error"
+	// ProblemRefused: an operation under NewOperationHandler refused the
+	// request for good (an *idem.Refusal), and the refusal is stored
+	// under the key: every retry with the key receives it again. The
+	// problem's Code is the refusal's code and its Detail the refusal's
+	// message. 422, or the 4xx status the refusal names (Refusal.Status).
+	ProblemRefused = "/problems/refused"
+	// ProblemNotFound: the status URL of an operation (ServeStatus) names a
+	// key that holds nothing in the request's scope: never used, expired,
+	// or used by another principal. 404.
+	ProblemNotFound = "/problems/not-found"
 )
 
 // A Problem is an answer of the middleware's own: by default the RFC 9457
@@ -63,6 +73,10 @@ type Problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// Code is the refusal's code (idem.Refusal.Code) for ProblemRefused,
+	// and empty for every other type: a client branches on it as on a
+	// type.
+	Code string `json:"code,omitempty"`
 }
 
 var problemStatus = map[string]int{
@@ -77,6 +91,8 @@ var problemStatus = map[string]int{
 	ProblemInvalidRequest:   http.StatusBadRequest,
 	ProblemResponseTooLarge: http.StatusInternalServerError,
 	ProblemInternal:         http.StatusInternalServerError,
+	ProblemRefused:          http.StatusUnprocessableEntity,
+	ProblemNotFound:         http.StatusNotFound,
 }
 
 var problemTitle = map[string]string{
@@ -91,6 +107,8 @@ var problemTitle = map[string]string{
 	ProblemInvalidRequest:   "Invalid request",
 	ProblemResponseTooLarge: "Response too large",
 	ProblemInternal:         "Internal error",
+	ProblemRefused:          "Request refused",
+	ProblemNotFound:         "Operation not found",
 }
 
 // problemFor is the Problem for typ with the configured base.
@@ -105,15 +123,18 @@ func (c *Config) problemFor(typ, detail string) Problem {
 // writeProblem answers with the problem typ and returns its status. 409 and
 // 503 carry Retry-After, 401 a WWW-Authenticate challenge.
 func writeProblem(w http.ResponseWriter, r *http.Request, c *Config, typ, detail string) int {
-	p := c.problemFor(typ, detail)
+	return writeProblemValue(w, r, c, c.problemFor(typ, detail))
+}
+
+// writeProblemValue answers with p, as writeProblem does.
+func writeProblemValue(w http.ResponseWriter, r *http.Request, c *Config, p Problem) int {
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
 	if p.Status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", c.Challenge)
 	}
 	if p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable {
-		secs := int64((c.RetryAfter + time.Second - 1) / time.Second)
-		h.Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+		setRetryAfter(h, c.RetryAfter)
 	}
 	if c.WriteProblem != nil {
 		c.WriteProblem(w, r, p)
@@ -124,6 +145,13 @@ func writeProblem(w http.ResponseWriter, r *http.Request, c *Config, typ, detail
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(body)
 	return p.Status
+}
+
+// setRetryAfter sets Retry-After to d rounded up to whole seconds, at
+// least 1.
+func setRetryAfter(h http.Header, d time.Duration) {
+	secs := int64((d + time.Second - 1) / time.Second)
+	h.Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
 }
 
 type level int

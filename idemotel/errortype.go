@@ -30,6 +30,8 @@ var sentinels = []struct {
 	{idem.ErrCorruptRecord, "idem.ErrCorruptRecord"},
 	{idem.ErrKeyLost, "idem.ErrKeyLost"},
 	{idem.ErrResultTooLarge, "idem.ErrResultTooLarge"},
+	{idem.ErrLeaseLost, "idem.ErrLeaseLost"},
+	{idem.ErrDeadline, "idem.ErrDeadline"},
 	{context.DeadlineExceeded, "context.DeadlineExceeded"},
 	{context.Canceled, "context.Canceled"},
 }
@@ -41,11 +43,14 @@ var sentinels = []struct {
 // conventions do), the value of an ErrorType method in its chain (the
 // semconv convention), the HTTP status for a bare error under idemhttp, and
 // otherwise its Go type ("*pay.CardError").
-func errorType(c *idem.CallEnd) string {
-	err := c.Err
+func errorType(c *idem.CallEnd) string { return errorTypeOf(c.Err, c.HTTPStatus) }
+
+// errorTypeOf is errorType for an error and the HTTP status answered with
+// it (0 outside idemhttp, and for steps).
+func errorTypeOf(err error, httpStatus int) string {
 	if err == nil {
-		if c.HTTPStatus >= 400 {
-			return strconv.Itoa(c.HTTPStatus)
+		if httpStatus >= 400 {
+			return strconv.Itoa(httpStatus)
 		}
 		return semconv.ErrorTypeOther.Value.AsString()
 	}
@@ -58,10 +63,10 @@ func errorType(c *idem.CallEnd) string {
 		return pgErr.Code
 	}
 	t := semconv.ErrorType(err).Value.AsString()
-	if t == "*errors.errorString" && c.HTTPStatus >= 400 {
+	if t == "*errors.errorString" && httpStatus >= 400 {
 		// A bare errors.New says nothing a dashboard can use; the status
 		// the middleware answered does (OpenTelemetry's HTTP conventions).
-		return strconv.Itoa(c.HTTPStatus)
+		return strconv.Itoa(httpStatus)
 	}
 	return t
 }

@@ -34,18 +34,22 @@ var internalKind = trace.WithSpanKind(trace.SpanKindInternal)
 const maxCachedSets = 4096
 
 // Observer is an idem.Observer that records every call as a span and in
-// the metrics idem.calls and idem.duration (see the package documentation
-// for every name). It is safe for concurrent use. Pass it in
-// idem.Config.Observer, idemhttp.Config.Observer or idem.WithObserver.
+// the metrics idem.calls and idem.duration, and, as an idem.StepObserver,
+// every step of an idem.Operation as a span and in idem.step.duration (see
+// the package documentation for every name). It is safe for concurrent
+// use. Pass it in idem.Config.Observer, idemhttp.Config.Observer or
+// idem.WithObserver.
 type Observer struct {
 	tracer        trace.Tracer
 	calls         metric.Int64Counter
 	duration      metric.Float64Histogram
+	stepDuration  metric.Float64Histogram
 	scopeOnSpans  bool
 	errorMessages bool
 
-	mu   sync.RWMutex
-	sets map[setKey]metric.MeasurementOption
+	mu       sync.RWMutex
+	sets     map[setKey]metric.MeasurementOption
+	stepSets map[stepSetKey]metric.MeasurementOption
 }
 
 // New returns an Observer on the given providers (the global ones unless
@@ -65,6 +69,7 @@ func New(opts ...Option) *Observer {
 		scopeOnSpans:  c.scopeOnSpans,
 		errorMessages: c.errorMessages,
 		sets:          map[setKey]metric.MeasurementOption{},
+		stepSets:      map[stepSetKey]metric.MeasurementOption{},
 	}
 	var err error
 	o.calls, err = meter.Int64Counter(MetricCalls,
@@ -74,6 +79,11 @@ func New(opts ...Option) *Observer {
 	o.duration, err = meter.Float64Histogram(MetricDuration,
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of calls of idem.Do, Run, Wrap and requests under idemhttp, validation to return."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	handle(err)
+	o.stepDuration, err = meter.Float64Histogram(MetricStepDuration,
+		metric.WithUnit("s"),
+		metric.WithDescription("Duration of the steps of idem.Operation calls; 0 for a step recorded earlier, which did not run."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	handle(err)
 	return o
@@ -132,10 +142,15 @@ func (o *Observer) CallEnd(ctx context.Context, c idem.CallEnd) {
 // recordError marks the span as failed with an exception event that names
 // the error's type, and its text only under WithErrorMessages.
 func (o *Observer) recordError(span trace.Span, c *idem.CallEnd, errType string) {
+	o.recordErr(span, c.Err, errType)
+}
+
+// recordErr is recordError for an error err, which may be nil.
+func (o *Observer) recordErr(span trace.Span, err error, errType string) {
 	desc := errType
 	event := []attribute.KeyValue{semconv.ExceptionTypeKey.String(errType)}
-	if o.errorMessages && c.Err != nil {
-		desc = c.Err.Error()
+	if o.errorMessages && err != nil {
+		desc = err.Error()
 		event = append(event, semconv.ExceptionMessageKey.String(desc))
 	}
 	span.AddEvent("exception", trace.WithAttributes(event...))

@@ -26,8 +26,8 @@ import (
 )
 
 // scrape serves the metrics of a MeterProvider on a Prometheus exporter
-// with the given options, after some calls and a held key, and returns the
-// exposition text.
+// with the given options, after some calls, an operation of one step and a
+// held key, and returns the exposition text.
 func scrape(t *testing.T, accept string, opts ...otelprom.Option) string {
 	t.Helper()
 	ctx := context.Background()
@@ -48,6 +48,15 @@ func scrape(t *testing.T, accept string, opts ...otelprom.Option) string {
 		if _, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
 			t.Fatal(err)
 		}
+	}
+	op, err := idem.NewOperation(keys, "charge", func(s *idem.Steps, n int) (int, error) {
+		return idem.Step(s, "reserve", func(context.Context, pgx.Tx) (int, error) { return n, nil })
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := op.Run(ctx, "op", 1); err != nil {
+		t.Fatal(err)
 	}
 	reg2, err := idemotel.RegisterStats(keys, idemotel.WithMeterProvider(mp))
 	if err != nil {
@@ -113,6 +122,7 @@ func TestPrometheusNames(t *testing.T) {
 		`idem_key_count{idem_key_state="in_progress",idem_table="idempotency_keys",`,
 		`idem_key_count{idem_key_state="expired",idem_table="idempotency_keys",`,
 		`idem_table_size_bytes{idem_table="idempotency_keys",`,
+		`idem_step_duration_seconds_bucket{idem_operation="charge",idem_refused="false",idem_step="reserve",idem_step_kind="database",idem_step_recorded="false",idem_table="idempotency_keys",`,
 	} {
 		if !strings.Contains(text, series) {
 			t.Errorf("no series %s", series)
@@ -126,7 +136,8 @@ const utf8Accept = "text/plain;version=1.0.0;escaping=allow-utf-8"
 
 // promNames are the Prometheus names of idemotel's metrics.
 const promNames = "idem_calls_total idem_duration_seconds_bucket idem_duration_seconds_count idem_duration_seconds_sum " +
-	"idem_key_count idem_key_in_progress_max_age_seconds idem_table_size_bytes"
+	"idem_key_count idem_key_in_progress_max_age_seconds idem_key_unfinished_max_age_seconds " +
+	"idem_step_duration_seconds_bucket idem_step_duration_seconds_count idem_step_duration_seconds_sum idem_table_size_bytes"
 
 // TestPrometheusDefaultNames checks the names without a translation
 // strategy, as a Prometheus 3 server scrapes them: the same today. The

@@ -18,8 +18,9 @@ import (
 // instruments, read with c.Stats when a reader collects (a Prometheus
 // scrape, a periodic export):
 //
-//	idem.key.count{idem.key.state=live|expired|in_progress}  keys by state
+//	idem.key.count{idem.key.state=live|expired|in_progress|unfinished}  keys by state
 //	idem.key.in_progress.max_age                              age of the oldest key in progress, s
+//	idem.key.unfinished.max_age                               age of the oldest unfinished operation, s
 //	idem.table.size                                           table with indexes and TOAST, By
 //
 // each with idem.table. Live keys are an estimate and are left out until
@@ -43,13 +44,19 @@ func RegisterStats(c *idem.Client, opts ...Option) (metric.Registration, error) 
 	meter := cfg.mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL))
 	keys, err := meter.Int64ObservableUpDownCounter(MetricKeyCount,
 		metric.WithUnit("{key}"),
-		metric.WithDescription("Keys in the idem key table, by state: live (estimated), expired and awaiting the sweeper, in progress."))
+		metric.WithDescription("Keys in the idem key table, by state: live (estimated), expired and awaiting the sweeper, in progress, unfinished operations."))
 	if err != nil {
 		return nil, err
 	}
 	age, err := meter.Float64ObservableGauge(MetricInProgressMaxAge,
 		metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest key in progress (of its transaction); 0 when none."))
+	if err != nil {
+		return nil, err
+	}
+	unfinishedAge, err := meter.Float64ObservableGauge(MetricUnfinishedMaxAge,
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest unfinished operation (idem.Operation), from its first step; 0 when none."))
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +71,7 @@ func RegisterStats(c *idem.Client, opts ...Option) (metric.Registration, error) 
 	live := metric.WithAttributeSet(attribute.NewSet(table, KeyStateKey.String("live")))
 	expired := metric.WithAttributeSet(attribute.NewSet(table, KeyStateKey.String("expired")))
 	inProgress := metric.WithAttributeSet(attribute.NewSet(table, KeyStateKey.String("in_progress")))
+	unfinished := metric.WithAttributeSet(attribute.NewSet(table, KeyStateKey.String("unfinished")))
 	tableOnly := metric.WithAttributeSet(attribute.NewSet(table))
 	return meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		st, err := p.stats(ctx)
@@ -76,9 +84,11 @@ func RegisterStats(c *idem.Client, opts ...Option) (metric.Registration, error) 
 		o.ObserveInt64(keys, st.Expired, expired)
 		o.ObserveInt64(keys, st.InProgress, inProgress)
 		o.ObserveFloat64(age, st.OldestInProgress.Seconds(), tableOnly)
+		o.ObserveInt64(keys, st.Unfinished, unfinished)
+		o.ObserveFloat64(unfinishedAge, st.OldestUnfinished.Seconds(), tableOnly)
 		o.ObserveInt64(size, st.TableBytes, tableOnly)
 		return nil
-	}, keys, age, size)
+	}, keys, age, unfinishedAge, size)
 }
 
 // statsPoller reads Stats for collections, at most once per interval.

@@ -20,15 +20,17 @@ import (
 type stats struct {
 	keys   map[string]int64 // by idem.key.state
 	maxAge float64
-	size   int64
-	tables map[string]bool
+	// unfinishedAge is the age of the oldest unfinished operation.
+	unfinishedAge float64
+	size          int64
+	tables        map[string]bool
 }
 
 func (tm *telemetry) stats(t *testing.T) (stats, error) {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	err := tm.reader.Collect(context.Background(), &rm)
-	st := stats{keys: map[string]int64{}, maxAge: -1, size: -1, tables: map[string]bool{}}
+	st := stats{keys: map[string]int64{}, maxAge: -1, unfinishedAge: -1, size: -1, tables: map[string]bool{}}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			switch m.Name {
@@ -49,6 +51,10 @@ func (tm *telemetry) stats(t *testing.T) (stats, error) {
 				}
 				for _, dp := range m.Data.(metricdata.Gauge[float64]).DataPoints {
 					st.maxAge = dp.Value
+				}
+			case idemotel.MetricUnfinishedMaxAge:
+				for _, dp := range m.Data.(metricdata.Gauge[float64]).DataPoints {
+					st.unfinishedAge = dp.Value
 				}
 			case idemotel.MetricTableSize:
 				if m.Unit != "By" {
@@ -85,6 +91,16 @@ func TestRegisterStats(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// An unfinished operation, begun an hour ago, as idem.Operation's first
+	// step leaves it.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (scope, idempotency_key, request_hash, status, created_at, expires_at)
+		VALUES ('', 'op-1', 'h', 'unfinished', now() - interval '1 hour', now() + interval '23 hours');
+		INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, lease_until, created_at)
+		VALUES ('', 'op-1', 'charge', '{}', now(), now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+
 	tm := newTelemetry(t)
 	reg, err := idemotel.RegisterStats(keys, idemotel.WithMeterProvider(tm.mp), idemotel.WithStatsInterval(0))
 	if err != nil {
@@ -116,6 +132,9 @@ func TestRegisterStats(t *testing.T) {
 	t.Logf("%+v", st)
 	if st.keys["live"] != live || st.keys["expired"] != expired || st.keys["in_progress"] != inProgress {
 		t.Fatalf("key counts %v; want %d live, %d expired, %d in progress", st.keys, live, expired, inProgress)
+	}
+	if st.keys["unfinished"] != 1 || st.unfinishedAge < 3600 {
+		t.Fatalf("unfinished operations %d, the oldest %.0fs old; want 1, an hour old", st.keys["unfinished"], st.unfinishedAge)
 	}
 	if st.maxAge < heldFor.Seconds() {
 		t.Fatalf("oldest key in progress %.3fs old; held for at least %.3fs", st.maxAge, heldFor.Seconds())
