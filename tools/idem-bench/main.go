@@ -11,6 +11,7 @@
 //	go run ./idem-bench [-cycles 15] [-slice 400ms] [-clients 1,8,32] [-rtt 1ms]
 //	go run ./idem-bench -components   # server CPU of each protocol piece
 //	go run ./idem-bench -http         # idemhttp against a bare handler, and memory per request
+//	go run ./idem-bench -operations   # a charge at a slow processor: Do, idem.Operation, DBOS Transact
 package main
 
 import (
@@ -45,11 +46,21 @@ type options struct {
 	parts      bool
 	http       bool
 	inflight   int
+	// The -operations mode (operations.go).
+	ops         bool
+	opLatencies []time.Duration
+	opClients   int
+	opLimit     int
+	opPool      int
+	opWindow    time.Duration
+	opCycles    int
+	opSlice     time.Duration
+	opTripOps   int
 }
 
 func main() {
 	var o options
-	var clients, rttClients string
+	var clients, rttClients, opLatencies string
 	flag.IntVar(&o.cycles, "cycles", 15, "interleaved cycles per client count; each runs every variant once")
 	flag.DurationVar(&o.slice, "slice", 400*time.Millisecond, "how long one variant runs in one cycle")
 	flag.StringVar(&clients, "clients", "1,8,32", "comma-separated concurrent client counts")
@@ -58,6 +69,15 @@ func main() {
 	flag.BoolVar(&o.parts, "components", false, "only price the protocol's pieces in server CPU (server on this machine)")
 	flag.BoolVar(&o.http, "http", false, "only compare idemhttp with a bare handler over HTTP, and measure memory per request in flight")
 	flag.IntVar(&o.inflight, "http-inflight", 32, "requests held in flight at once in the -http memory measurement")
+	flag.BoolVar(&o.ops, "operations", false, "only compare a charge at a slow processor in one Do, as an idem.Operation and as a DBOS Transact workflow")
+	flag.StringVar(&opLatencies, "op-latencies", "1s,2s,0s", "-operations: comma-separated processor latencies of the throughput measurement")
+	flag.IntVar(&o.opClients, "op-clients", 400, "-operations: concurrent clients of the throughput measurement")
+	flag.IntVar(&o.opLimit, "op-limit", 200, "-operations: charges the processor serves at once; 0 for no limit")
+	flag.IntVar(&o.opPool, "op-pool", 10, "-operations: pool size (MaxConns)")
+	flag.DurationVar(&o.opWindow, "op-window", 12*time.Second, "-operations: measured span of each throughput figure, after a warm-up")
+	flag.IntVar(&o.opCycles, "op-cycles", 5, "-operations: interleaved cycles of the per-call measurement")
+	flag.DurationVar(&o.opSlice, "op-slice", time.Second, "-operations: how long one call variant runs in one cycle")
+	flag.IntVar(&o.opTripOps, "op-trip-ops", 100, "-operations: calls per variant in the round-trip count")
 	flag.IntVar(&o.tripOps, "trip-ops", 300, "operations per variant in the round-trip count")
 	flag.IntVar(&o.allocOps, "alloc-ops", 400, "operations per variant in each round of the CPU and allocation count")
 	flag.IntVar(&o.costRounds, "cost-rounds", 15, "rounds of the CPU and allocation count; the table shows medians and the spread")
@@ -65,6 +85,9 @@ func main() {
 	var err error
 	if o.clients, err = counts(clients); err == nil {
 		o.rttN, err = counts(rttClients)
+	}
+	if err == nil {
+		o.opLatencies, err = durations(opLatencies)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idem-bench:", err)
@@ -87,6 +110,18 @@ func counts(list string) ([]int, error) {
 			return nil, fmt.Errorf("bad client count %q in %q", s, list)
 		}
 		out = append(out, n)
+	}
+	return out, nil
+}
+
+func durations(list string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, s := range strings.Split(list, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("bad latency %q in %q", s, list)
+		}
+		out = append(out, d)
 	}
 	return out, nil
 }
@@ -136,6 +171,10 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
+	if o.ops {
+		fmt.Printf("idem-bench -operations: PostgreSQL %s, %s, GOMAXPROCS %d\n\n", version, goVersion(), gomaxprocs())
+		return b.operationsMode(ctx, os.Stdout)
+	}
 	fmt.Printf("idem-bench: PostgreSQL %s, %s, GOMAXPROCS %d; per client count, %d cycles of %v per variant\n\n",
 		version, goVersion(), gomaxprocs(), o.cycles, o.slice)
 
@@ -191,12 +230,17 @@ type bench struct {
 // pool opens a pool of at most n connections on the benchmark database,
 // through proxy (host:port) if it is not empty.
 func (b *bench) pool(ctx context.Context, n int, proxy string) (*pgxpool.Pool, error) {
+	return b.poolOn(ctx, b.dbName, n, proxy)
+}
+
+// poolOn is pool on the database named database.
+func (b *bench) poolOn(ctx context.Context, database string, n int, proxy string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig("")
 	if err != nil {
 		return nil, err
 	}
 	cfg.ConnConfig = b.server.Copy()
-	cfg.ConnConfig.Database = b.dbName
+	cfg.ConnConfig.Database = database
 	if proxy != "" {
 		cfg.ConnConfig.Host = "127.0.0.1"
 		port, _ := strconv.Atoi(proxy[strings.LastIndexByte(proxy, ':')+1:])
