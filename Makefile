@@ -10,14 +10,14 @@ FUZZTIME  ?= 30s
 # heavy dependencies away from the core's users, and tools (benchmarks, load
 # and crash drivers, the mutation runner). test, vet, fmt-check, tidy-check,
 # check-modules, lint and fuzz run in each.
-MODULES   := . payments_example idemgrpc idemotel tools
+MODULES   := . payments_example idemgrpc idemotel idemriver tools
 # Pathspecs that leave the nested modules out of the root module's files.
 NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-long test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test test-long test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -80,8 +80,11 @@ generate-grpc: ## Regenerate idemgrpc's example service from its .proto (buf and
 generate-check-grpc: ## Fail if idemgrpc's generated code differs from a fresh generation.
 	@./scripts/check-generated-grpc.sh
 
-bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer patterns.
+bench: postgres ## Benchmark idem.Do against the bare transaction, replays and the peer patterns (operations made of steps: make bench-operations).
 	cd tools && $(GO) run -tags idembench ./idem-bench
+
+bench-operations: postgres ## A charge at a slow processor (1 s, 2 s, none) in one Do, as an idem.Operation and as a DBOS Transact workflow, side by side; about 4 minutes.
+	cd tools && $(GO) run -tags idembench ./idem-bench -operations
 
 bench-http: postgres ## idemhttp vs a bare handler over HTTP (1 ms to the database), and memory per request in flight; about 70 s.
 	cd tools && $(GO) run -tags idembench ./idem-bench -http

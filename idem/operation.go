@@ -194,6 +194,10 @@ func NewOperation[Req, Resp any](c *Client, name string, fn func(s *Steps, req R
 // Name returns the operation's name.
 func (o *Operation[Req, Resp]) Name() string { return o.name }
 
+// Client returns the Client the operation was made with: its key table,
+// where Lookup finds the operation's answer.
+func (o *Operation[Req, Resp]) Client() *Client { return o.client }
+
 // Run runs the operation for req under key, or continues it, or replays
 // its answer; it returns the result and how the call ended, as Run does
 // for a transaction:

@@ -81,13 +81,12 @@ type OperationHandler[Req, Resp any] struct {
 	opts   OperationOptions[Req, Resp]
 }
 
-// NewOperationHandler returns the handler that runs op, an operation made
-// with client, for HTTP requests, under cfg and opts (nil: the defaults).
-// It checks its arguments once: a nil client or op, a cfg without Scope or
-// SharedKeys (nil included), an invalid setting, a Config field that does
-// not apply here and Accepted without StatusURL are errors wrapping
-// idem.ErrInvalidOption. client must be the Client op was made with: the
-// status URL reads the operation's answer through it.
+// NewOperationHandler returns the handler that runs op for HTTP requests,
+// under cfg and opts (nil: the defaults); the status URL reads the
+// operation's answer through op's Client. It checks its arguments once: a
+// nil op, a cfg without Scope or SharedKeys (nil included), an invalid
+// setting, a Config field that does not apply here and Accepted without
+// StatusURL are errors wrapping idem.ErrInvalidOption.
 //
 // The middleware's transaction cannot span an operation's steps, so an
 // operation is served by a handler of its own rather than under the
@@ -146,16 +145,14 @@ type OperationHandler[Req, Resp any] struct {
 // stops at its next step and stays unfinished, for a retry or the
 // completer. A panic in the operation's function propagates, as in a
 // plain handler, and leaves the operation unfinished.
-func NewOperationHandler[Req, Resp any](client *idem.Client, op *idem.Operation[Req, Resp], cfg *Config, opts *OperationOptions[Req, Resp]) (*OperationHandler[Req, Resp], error) {
+func NewOperationHandler[Req, Resp any](op *idem.Operation[Req, Resp], cfg *Config, opts *OperationOptions[Req, Resp]) (*OperationHandler[Req, Resp], error) {
 	bad := func(format string, args ...any) (*OperationHandler[Req, Resp], error) {
 		return nil, fmt.Errorf("%w: idemhttp: operation handler: %s", idem.ErrInvalidOption, fmt.Sprintf(format, args...))
-	}
-	if client == nil {
-		return bad("nil Client")
 	}
 	if op == nil {
 		return bad("nil Operation")
 	}
+	client := op.Client()
 	if cfg != nil {
 		if err := notForOperations(cfg); err != "" {
 			return bad("%s", err)

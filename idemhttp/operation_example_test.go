@@ -85,7 +85,7 @@ func Example_operation() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := idemhttp.NewOperationHandler(keys, op, &idemhttp.Config{Scope: idemhttp.ContextScope},
+	h, err := idemhttp.NewOperationHandler(op, &idemhttp.Config{Scope: idemhttp.ContextScope},
 		&idemhttp.OperationOptions[chargeRequest, chargeResult]{
 			StatusURL: func(ref idem.OperationRef) string { return "/payments/operations/" + url.PathEscape(ref.Key) },
 		})

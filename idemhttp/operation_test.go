@@ -142,7 +142,7 @@ func (a *opApp) serve(t *testing.T, cfg *idemhttp.Config, opts *idemhttp.Operati
 	if opts == nil {
 		opts = &idemhttp.OperationOptions[opRequest, opResult]{StatusURL: statusURL}
 	}
-	h, err := idemhttp.NewOperationHandler(a.client, a.op, cfg, opts)
+	h, err := idemhttp.NewOperationHandler(a.op, cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +437,7 @@ func TestOperationHandlerUnreachableDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := idemhttp.NewOperationHandler(client, op, &idemhttp.Config{Scope: userScope, Logger: discardLogger()},
+	h, err := idemhttp.NewOperationHandler(op, &idemhttp.Config{Scope: userScope, Logger: discardLogger()},
 		&idemhttp.OperationOptions[opRequest, opResult]{StatusURL: statusURL})
 	if err != nil {
 		t.Fatal(err)
@@ -533,7 +533,6 @@ func TestNewOperationHandlerRefusesConfiguration(t *testing.T) {
 		"nil config":            {client, op, nil, nil, "Scope"},
 		"no scope":              {client, op, &idemhttp.Config{}, nil, "Scope is not set"},
 		"scope and shared keys": {client, op, &idemhttp.Config{Scope: userScope, SharedKeys: true}, nil, "SharedKeys"},
-		"nil client":            {nil, op, &idemhttp.Config{Scope: userScope}, nil, "nil Client"},
 		"nil operation":         {client, nil, &idemhttp.Config{Scope: userScope}, nil, "nil Operation"},
 		"negative body limit":   {client, op, &idemhttp.Config{Scope: userScope, MaxBodyBytes: -1}, nil, "MaxBodyBytes"},
 		"methods":               {client, op, &idemhttp.Config{Scope: userScope, Methods: []string{"POST"}}, nil, "Methods"},
@@ -548,7 +547,7 @@ func TestNewOperationHandlerRefusesConfiguration(t *testing.T) {
 		"accepted without url":  {client, op, &idemhttp.Config{Scope: userScope}, &opts{Accepted: true}, "StatusURL"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := idemhttp.NewOperationHandler(c.client, c.op, c.cfg, c.opts)
+			_, err := idemhttp.NewOperationHandler(c.op, c.cfg, c.opts)
 			if !errors.Is(err, idem.ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v, want ErrInvalidOption saying %q", err, c.want)
 			}
@@ -559,7 +558,7 @@ func TestNewOperationHandlerRefusesConfiguration(t *testing.T) {
 		{SharedKeys: true, Required: true, MaxBodyBytes: 10, RetryAfter: 2},
 		{Scope: idemhttp.ContextScope, Key: idemhttp.KeyHeader("X-Delivery")},
 	} {
-		if _, err := idemhttp.NewOperationHandler(client, op, cfg, nil); err != nil {
+		if _, err := idemhttp.NewOperationHandler(op, cfg, nil); err != nil {
 			t.Errorf("%+v: %v", cfg, err)
 		}
 	}

@@ -8,6 +8,7 @@ require (
 	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/idemhq/idem v0.1.0
 	github.com/idemhq/idem/idemotel v0.1.0
+	github.com/idemhq/idem/idemriver v0.1.0
 	github.com/jackc/pgerrcode v0.0.0-20250907135507-afb5586c32a6
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/oapi-codegen/runtime v1.9.0
@@ -74,6 +75,7 @@ require (
 replace (
 	github.com/idemhq/idem => ../
 	github.com/idemhq/idem/idemotel => ../idemotel
+	github.com/idemhq/idem/idemriver => ../idemriver
 )
 
 tool github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen

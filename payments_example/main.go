@@ -31,6 +31,14 @@
 // processor's URL must be https, except on loopback; the service refuses
 // to start otherwise. Without one, payments are not settled.
 // ./cmd/processor is a fake processor to try it with.
+//
+// With a processor, POST /charges also charges synchronously: the amount
+// is taken, the processor called with no transaction open, and its charge
+// recorded, in steps of an idem.Operation (internal/payments.Charges),
+// before the answer. A charge whose client stops waiting is finished by
+// the same River client: the operation's first transaction inserts a
+// completer job (package idemriver), scheduled half a -charge-lease past
+// the lease, which resumes it from its last recorded step.
 package main
 
 import (
@@ -48,11 +56,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel"
 	"golang.org/x/time/rate"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
+	"github.com/idemhq/idem/idemriver"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -101,6 +111,9 @@ type settings struct {
 	// (payments.Config).
 	paymentRate  rate.Limit
 	paymentBurst int
+	// chargeLease is the lease of POST /charges's operation
+	// (payments.ChargesConfig.Lease).
+	chargeLease time.Duration
 	// The server's timeouts; the constants above in production, shorter in
 	// tests.
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
@@ -111,6 +124,7 @@ func defaultSettings() settings {
 		sweepEvery:        time.Minute,
 		paymentRate:       payments.DefaultPaymentRate,
 		paymentBurst:      payments.DefaultPaymentBurst,
+		chargeLease:       idem.DefaultLease,
 		readHeaderTimeout: ReadHeaderTimeout,
 		readTimeout:       ReadTimeout,
 		writeTimeout:      WriteTimeout,
@@ -128,9 +142,11 @@ func main() {
 		"payment processor base URL, https unless on loopback; every payment is settled there (default $PROCESSOR_URL; none: payments are not settled)")
 	paymentRate := flag.Float64("payment-rate", float64(set.paymentRate), "POST /payments per second and account, sustained")
 	flag.IntVar(&set.paymentBurst, "payment-burst", set.paymentBurst, "POST /payments per account at once, after a pause")
+	flag.DurationVar(&set.chargeLease, "charge-lease", set.chargeLease,
+		"lease of a POST /charges operation: how soon one whose service died is taken up again (at least 100ms)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-metrics-addr host:port] [-sweep-every 1m]
-       [-processor URL] [-payment-rate 5] [-payment-burst 10]
+       [-processor URL] [-payment-rate 5] [-payment-burst 10] [-charge-lease 30s]
 
 A payments service that charges each payment exactly once per Idempotency-Key,
 and settles each at the payment processor exactly once.
@@ -186,6 +202,9 @@ func (set settings) check() error {
 	}
 	if set.paymentRate <= 0 || set.paymentBurst <= 0 {
 		return errors.New("-payment-rate and -payment-burst must be positive")
+	}
+	if set.chargeLease < 100*time.Millisecond {
+		return errors.New("-charge-lease must be at least 100ms")
 	}
 	if set.processorURL != "" {
 		if _, err := processor.NewClient(set.processorURL, nil); err != nil {
@@ -260,9 +279,12 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 		return err
 	}
 	defer func() { err = errors.Join(err, stats.Unregister()) }()
-	var settler payments.Settler // nil: no settlement
+	var (
+		settler payments.Settler  // nil: no settlement
+		charges *payments.Charges // nil: no POST /charges
+	)
 	if set.processorURL != "" {
-		jobs, stopJobs, err := startSettlement(ctx, pool, set.processorURL, log)
+		jobs, ops, stopJobs, err := startSettlement(ctx, pool, keys, set, log)
 		if err != nil {
 			closeAll()
 			return err
@@ -270,10 +292,11 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 		// Deferred first, so it runs after the server has shut down: no
 		// request inserts a job any more.
 		defer func() { err = errors.Join(err, stopJobs()) }()
-		settler = jobs
+		settler, charges = jobs, ops
 	}
 	handler, err := payments.NewHandler(pool, keys, &payments.Config{
 		Settler:      settler,
+		Charges:      charges,
 		Logger:       log,
 		PaymentRate:  set.paymentRate,
 		PaymentBurst: set.paymentBurst,
@@ -316,7 +339,8 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 		metricsAt = metricsLn.Addr().String()
 	}
 	log.Info("serving", "addr", ln.Addr().String(), "metrics_addr", metricsAt, "sweep_every", set.sweepEvery,
-		"processor", set.processorURL, "payment_rate", float64(set.paymentRate), "payment_burst", set.paymentBurst)
+		"processor", set.processorURL, "payment_rate", float64(set.paymentRate), "payment_burst", set.paymentBurst,
+		"charge_lease", set.chargeLease)
 
 	var failed error
 	select {
@@ -349,24 +373,45 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 }
 
 // startSettlement starts the River client that settles payments at the
-// processor at processorURL, and returns the Settler that inserts its jobs
-// and a function that stops it: jobs in flight get shutdownTimeout to
-// finish, and are then cancelled (River runs them again later).
-func startSettlement(ctx context.Context, pool *pgxpool.Pool, processorURL string, log *slog.Logger) (payments.Settler, func() error, error) {
+// processor at set.processorURL and completes the charges that their
+// clients left, and returns the Settler that inserts its jobs, the
+// charges of POST /charges (on keys), and a function that stops it: jobs
+// in flight get shutdownTimeout to finish, and are then cancelled (River
+// runs them again later).
+func startSettlement(ctx context.Context, pool *pgxpool.Pool, keys *idem.Client, set settings, log *slog.Logger) (payments.Settler, *payments.Charges, func() error, error) {
 	// The processor's calls are bounded by their contexts
 	// (settlement.CallTimeout); a transport of its own keeps them apart
 	// from any other traffic of the process.
-	proc, err := processor.NewClient(processorURL, &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()})
+	proc, err := processor.NewClient(set.processorURL, &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	jobs, err := settlement.NewClient(pool, proc, log)
+	// River's workers, then its client, then the charges, whose OnStart
+	// inserts with the client, then their completer, before Start.
+	workers := river.NewWorkers()
+	jobs, err := settlement.NewClient(pool, proc, log, workers)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	charges, err := payments.NewCharges(keys, proc, &payments.ChargesConfig{
+		Lease: set.chargeLease,
+		// Past the lease by half of it: for the clocks of the service and
+		// the database, which differ a little, and a renewal in flight.
+		OnStart: idemriver.OnStart(jobs, set.chargeLease+set.chargeLease/2),
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	completer, err := idemriver.NewWorker(charges)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := river.AddWorkerSafely(workers, completer); err != nil {
+		return nil, nil, nil, err
 	}
 	// The jobs outlive the request that ends ctx; Stop ends them.
 	if err := jobs.Start(context.WithoutCancel(ctx)); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	stop := func() error {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
@@ -376,7 +421,7 @@ func startSettlement(ctx context.Context, pool *pgxpool.Pool, processorURL strin
 		}
 		return nil
 	}
-	return settlement.NewQueue(jobs), stop, nil
+	return settlement.NewQueue(jobs), charges, stop, nil
 }
 
 // migrate creates the tables, River's included, waiting for the database

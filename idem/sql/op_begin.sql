@@ -6,7 +6,9 @@
 --   $5 operation name   $6 encoded request   $7 lease in microseconds
 --   $8 deadline in microseconds, or null
 -- Returns the owner's token. Steps a forgotten operation recorded under the
--- key are removed first: they belong to another request.
+-- key are removed: they belong to another request. On a live key (an
+-- operation that began after the caller's look, op_lock.sql, read its
+-- snapshot) it returns no row and changes nothing, its steps included.
 WITH k AS (
     INSERT INTO idempotency_keys AS k
         (scope, idempotency_key, request_hash, status, response, refusal,
@@ -26,7 +28,8 @@ WITH k AS (
     RETURNING 1
 ),
 old AS (
-    DELETE FROM idempotency_keys_steps WHERE scope = $1 AND idempotency_key = $2
+    DELETE FROM idempotency_keys_steps
+    WHERE scope = $1 AND idempotency_key = $2 AND EXISTS (SELECT 1 FROM k)
 )
 INSERT INTO idempotency_keys_operations AS o
     (scope, idempotency_key, operation, request, lease_until, deadline_at)

@@ -51,6 +51,141 @@ func (e BodyTooLargeProblemType) Valid() bool {
 	}
 }
 
+// Defines values for ChargeBadRequestProblemStatus.
+const (
+	ChargeBadRequestProblemStatusN400 ChargeBadRequestProblemStatus = 400
+)
+
+// Valid indicates whether the value is a known member of the ChargeBadRequestProblemStatus enum.
+func (e ChargeBadRequestProblemStatus) Valid() bool {
+	switch e {
+	case ChargeBadRequestProblemStatusN400:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChargeBadRequestProblemType.
+const (
+	ChargeBadRequestProblemTypeProblemsinvalidKey     ChargeBadRequestProblemType = "/problems/invalid-key"
+	ChargeBadRequestProblemTypeProblemsinvalidRequest ChargeBadRequestProblemType = "/problems/invalid-request"
+	ChargeBadRequestProblemTypeProblemsmissingKey     ChargeBadRequestProblemType = "/problems/missing-key"
+)
+
+// Valid indicates whether the value is a known member of the ChargeBadRequestProblemType enum.
+func (e ChargeBadRequestProblemType) Valid() bool {
+	switch e {
+	case ChargeBadRequestProblemTypeProblemsinvalidKey:
+		return true
+	case ChargeBadRequestProblemTypeProblemsinvalidRequest:
+		return true
+	case ChargeBadRequestProblemTypeProblemsmissingKey:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChargeRefusedProblemCode.
+const (
+	ChargeDeclined    ChargeRefusedProblemCode = "charge_declined"
+	InsufficientFunds ChargeRefusedProblemCode = "insufficient_funds"
+)
+
+// Valid indicates whether the value is a known member of the ChargeRefusedProblemCode enum.
+func (e ChargeRefusedProblemCode) Valid() bool {
+	switch e {
+	case ChargeDeclined:
+		return true
+	case InsufficientFunds:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChargeRefusedProblemStatus.
+const (
+	ChargeRefusedProblemStatusN402 ChargeRefusedProblemStatus = 402
+)
+
+// Valid indicates whether the value is a known member of the ChargeRefusedProblemStatus enum.
+func (e ChargeRefusedProblemStatus) Valid() bool {
+	switch e {
+	case ChargeRefusedProblemStatusN402:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChargeRefusedProblemType.
+const (
+	Problemsrefused ChargeRefusedProblemType = "/problems/refused"
+)
+
+// Valid indicates whether the value is a known member of the ChargeRefusedProblemType enum.
+func (e ChargeRefusedProblemType) Valid() bool {
+	switch e {
+	case Problemsrefused:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChargeServerErrorProblemStatus.
+const (
+	ChargeServerErrorProblemStatusN500 ChargeServerErrorProblemStatus = 500
+)
+
+// Valid indicates whether the value is a known member of the ChargeServerErrorProblemStatus enum.
+func (e ChargeServerErrorProblemStatus) Valid() bool {
+	switch e {
+	case ChargeServerErrorProblemStatusN500:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChargeServerErrorProblemType.
+const (
+	ChargeServerErrorProblemTypeAboutBlank               ChargeServerErrorProblemType = "about:blank"
+	ChargeServerErrorProblemTypeProblemsinternalError    ChargeServerErrorProblemType = "/problems/internal-error"
+	ChargeServerErrorProblemTypeProblemsresponseTooLarge ChargeServerErrorProblemType = "/problems/response-too-large"
+)
+
+// Valid indicates whether the value is a known member of the ChargeServerErrorProblemType enum.
+func (e ChargeServerErrorProblemType) Valid() bool {
+	switch e {
+	case ChargeServerErrorProblemTypeAboutBlank:
+		return true
+	case ChargeServerErrorProblemTypeProblemsinternalError:
+		return true
+	case ChargeServerErrorProblemTypeProblemsresponseTooLarge:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for Currency.
+const (
+	USD Currency = "USD"
+)
+
+// Valid indicates whether the value is a known member of the Currency enum.
+func (e Currency) Valid() bool {
+	switch e {
+	case USD:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealthStatus.
 const (
 	Ok HealthStatus = "ok"
@@ -98,13 +233,13 @@ func (e InProgressProblemType) Valid() bool {
 
 // Defines values for InsufficientFundsProblemStatus.
 const (
-	N402 InsufficientFundsProblemStatus = 402
+	InsufficientFundsProblemStatusN402 InsufficientFundsProblemStatus = 402
 )
 
 // Valid indicates whether the value is a known member of the InsufficientFundsProblemStatus enum.
 func (e InsufficientFundsProblemStatus) Valid() bool {
 	switch e {
-	case N402:
+	case InsufficientFundsProblemStatusN402:
 		return true
 	default:
 		return false
@@ -246,6 +381,36 @@ func (e NoSuchPaymentProblemType) Valid() bool {
 	}
 }
 
+// Defines values for NotImplementedProblemStatus.
+const (
+	N501 NotImplementedProblemStatus = 501
+)
+
+// Valid indicates whether the value is a known member of the NotImplementedProblemStatus enum.
+func (e NotImplementedProblemStatus) Valid() bool {
+	switch e {
+	case N501:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for NotImplementedProblemType.
+const (
+	NotImplementedProblemTypeAboutBlank NotImplementedProblemType = "about:blank"
+)
+
+// Valid indicates whether the value is a known member of the NotImplementedProblemType enum.
+func (e NotImplementedProblemType) Valid() bool {
+	switch e {
+	case NotImplementedProblemTypeAboutBlank:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PaymentBadRequestProblemStatus.
 const (
 	PaymentBadRequestProblemStatusN400 PaymentBadRequestProblemStatus = 400
@@ -279,21 +444,6 @@ func (e PaymentBadRequestProblemType) Valid() bool {
 	case PaymentBadRequestProblemTypeProblemsmissingKey:
 		return true
 	case PaymentBadRequestProblemTypeProblemspaymentsinvalidRequest:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PaymentRequestCurrency.
-const (
-	USD PaymentRequestCurrency = "USD"
-)
-
-// Valid indicates whether the value is a known member of the PaymentRequestCurrency enum.
-func (e PaymentRequestCurrency) Valid() bool {
-	switch e {
-	case USD:
 		return true
 	default:
 		return false
@@ -511,6 +661,11 @@ type AccountCreated struct {
 
 // BodyTooLargeProblem defines model for BodyTooLargeProblem.
 type BodyTooLargeProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                   `json:"detail,omitempty"`
@@ -528,12 +683,113 @@ type BodyTooLargeProblemStatus int
 // BodyTooLargeProblemType defines model for BodyTooLargeProblem.Type.
 type BodyTooLargeProblemType string
 
+// Charge defines model for Charge.
+type Charge struct {
+	AccountId openapi_types.UUID `json:"account_id"`
+
+	// Amount In cents.
+	Amount int64 `json:"amount"`
+
+	// Balance The account's balance right after the amount was taken, in cents.
+	Balance int64 `json:"balance"`
+
+	// Id The payment's id; `GET /payments/{id}` shows it settled.
+	Id openapi_types.UUID `json:"id"`
+
+	// ProcessorId The processor's charge.
+	ProcessorId string `json:"processor_id"`
+}
+
+// ChargeBadRequestProblem defines model for ChargeBadRequestProblem.
+type ChargeBadRequestProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                       `json:"detail,omitempty"`
+	Instance *string                       `json:"instance,omitempty"`
+	Status   ChargeBadRequestProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string                      `json:"title"`
+	Type  ChargeBadRequestProblemType `json:"type"`
+}
+
+// ChargeBadRequestProblemStatus defines model for ChargeBadRequestProblem.Status.
+type ChargeBadRequestProblemStatus int
+
+// ChargeBadRequestProblemType defines model for ChargeBadRequestProblem.Type.
+type ChargeBadRequestProblemType string
+
+// ChargeRefusedProblem defines model for ChargeRefusedProblem.
+type ChargeRefusedProblem struct {
+	Code ChargeRefusedProblemCode `json:"code"`
+
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                    `json:"detail,omitempty"`
+	Instance *string                    `json:"instance,omitempty"`
+	Status   ChargeRefusedProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string                   `json:"title"`
+	Type  ChargeRefusedProblemType `json:"type"`
+}
+
+// ChargeRefusedProblemCode defines model for ChargeRefusedProblem.Code.
+type ChargeRefusedProblemCode string
+
+// ChargeRefusedProblemStatus defines model for ChargeRefusedProblem.Status.
+type ChargeRefusedProblemStatus int
+
+// ChargeRefusedProblemType defines model for ChargeRefusedProblem.Type.
+type ChargeRefusedProblemType string
+
+// ChargeRequest defines model for ChargeRequest.
+type ChargeRequest struct {
+	// Amount In cents, taken from the API key's own account.
+	Amount int64 `json:"amount"`
+
+	// Currency The only currency the example accepts.
+	Currency Currency `json:"currency"`
+}
+
+// ChargeServerErrorProblem defines model for ChargeServerErrorProblem.
+type ChargeServerErrorProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                        `json:"detail,omitempty"`
+	Instance *string                        `json:"instance,omitempty"`
+	Status   ChargeServerErrorProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string                       `json:"title"`
+	Type  ChargeServerErrorProblemType `json:"type"`
+}
+
+// ChargeServerErrorProblemStatus defines model for ChargeServerErrorProblem.Status.
+type ChargeServerErrorProblemStatus int
+
+// ChargeServerErrorProblemType defines model for ChargeServerErrorProblem.Type.
+type ChargeServerErrorProblemType string
+
 // CreateAccountRequest defines model for CreateAccountRequest.
 type CreateAccountRequest struct {
 	// Owner The account holder: 1 to 200 bytes of UTF-8 without control
 	// characters, not only white space.
 	Owner string `json:"owner"`
 }
+
+// Currency The only currency the example accepts.
+type Currency string
 
 // Health defines model for Health.
 type Health struct {
@@ -565,6 +821,11 @@ type IdempotencyKey = string
 
 // InProgressProblem defines model for InProgressProblem.
 type InProgressProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                 `json:"detail,omitempty"`
@@ -584,6 +845,11 @@ type InProgressProblemType string
 
 // InsufficientFundsProblem defines model for InsufficientFundsProblem.
 type InsufficientFundsProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                        `json:"detail,omitempty"`
@@ -603,6 +869,11 @@ type InsufficientFundsProblemType string
 
 // InternalErrorProblem defines model for InternalErrorProblem.
 type InternalErrorProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                    `json:"detail,omitempty"`
@@ -622,6 +893,11 @@ type InternalErrorProblemType string
 
 // KeyMismatchProblem defines model for KeyMismatchProblem.
 type KeyMismatchProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                  `json:"detail,omitempty"`
@@ -641,6 +917,11 @@ type KeyMismatchProblemType string
 
 // NoSuchAccountProblem defines model for NoSuchAccountProblem.
 type NoSuchAccountProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                    `json:"detail,omitempty"`
@@ -660,6 +941,11 @@ type NoSuchAccountProblemType string
 
 // NoSuchPaymentProblem defines model for NoSuchPaymentProblem.
 type NoSuchPaymentProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                    `json:"detail,omitempty"`
@@ -677,6 +963,30 @@ type NoSuchPaymentProblemStatus int
 // NoSuchPaymentProblemType defines model for NoSuchPaymentProblem.Type.
 type NoSuchPaymentProblemType string
 
+// NotImplementedProblem defines model for NotImplementedProblem.
+type NotImplementedProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
+	// Detail A human-readable explanation of this occurrence. It never
+	// repeats client input.
+	Detail   *string                     `json:"detail,omitempty"`
+	Instance *string                     `json:"instance,omitempty"`
+	Status   NotImplementedProblemStatus `json:"status"`
+
+	// Title A short, human-readable summary of the problem type.
+	Title string                    `json:"title"`
+	Type  NotImplementedProblemType `json:"type"`
+}
+
+// NotImplementedProblemStatus defines model for NotImplementedProblem.Status.
+type NotImplementedProblemStatus int
+
+// NotImplementedProblemType defines model for NotImplementedProblem.Type.
+type NotImplementedProblemType string
+
 // Payment defines model for Payment.
 type Payment struct {
 	AccountId openapi_types.UUID `json:"account_id"`
@@ -691,6 +1001,11 @@ type Payment struct {
 
 // PaymentBadRequestProblem defines model for PaymentBadRequestProblem.
 type PaymentBadRequestProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                        `json:"detail,omitempty"`
@@ -714,15 +1029,19 @@ type PaymentRequest struct {
 	AccountId openapi_types.UUID `json:"account_id"`
 
 	// Amount In cents.
-	Amount   int64                  `json:"amount"`
-	Currency PaymentRequestCurrency `json:"currency"`
-}
+	Amount int64 `json:"amount"`
 
-// PaymentRequestCurrency defines model for PaymentRequest.Currency.
-type PaymentRequestCurrency string
+	// Currency The only currency the example accepts.
+	Currency Currency `json:"currency"`
+}
 
 // PaymentServerErrorProblem defines model for PaymentServerErrorProblem.
 type PaymentServerErrorProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                         `json:"detail,omitempty"`
@@ -757,6 +1076,11 @@ type PaymentStatus struct {
 
 // PaymentUnavailableProblem defines model for PaymentUnavailableProblem.
 type PaymentUnavailableProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                         `json:"detail,omitempty"`
@@ -776,6 +1100,11 @@ type PaymentUnavailableProblemType string
 
 // PaymentsInvalidRequestProblem defines model for PaymentsInvalidRequestProblem.
 type PaymentsInvalidRequestProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                             `json:"detail,omitempty"`
@@ -795,6 +1124,11 @@ type PaymentsInvalidRequestProblemType string
 
 // Problem An RFC 9457 problem detail (application/problem+json).
 type Problem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string `json:"detail,omitempty"`
@@ -814,6 +1148,11 @@ type Problem struct {
 
 // TooManyRequestsProblem defines model for TooManyRequestsProblem.
 type TooManyRequestsProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                      `json:"detail,omitempty"`
@@ -833,6 +1172,11 @@ type TooManyRequestsProblemType string
 
 // UnauthorizedProblem defines model for UnauthorizedProblem.
 type UnauthorizedProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                   `json:"detail,omitempty"`
@@ -852,6 +1196,11 @@ type UnauthorizedProblemType string
 
 // UnavailableProblem defines model for UnavailableProblem.
 type UnavailableProblem struct {
+	// Code For `/problems/refused` only: the stable, machine-readable
+	// reason the operation refused the request, e.g.
+	// `insufficient_funds`.
+	Code *string `json:"code,omitempty"`
+
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                  `json:"detail,omitempty"`
@@ -887,6 +1236,29 @@ type Unauthorized = UnauthorizedProblem
 // Unavailable defines model for Unavailable.
 type Unavailable = UnavailableProblem
 
+// CreateChargeParams defines parameters for CreateCharge.
+type CreateChargeParams struct {
+	// IdempotencyKey Makes the request safe to retry. Send a new key for each operation
+	// you want performed, and the same key, with the same request, on
+	// every retry of it: the first request with a key runs, and every
+	// retry receives the first answer again, with `Idempotent-Replayed:
+	// true`, without running the operation twice. The request's method,
+	// path, query and body (JSON compared by value) must not change
+	// between retries, or the retry is answered 422.
+	//
+	// Successful answers and the refusals that report the outcome of an
+	// operation that ran (402, 404, 409 of the service's own, 410, 412,
+	// 451) are stored with the key. Validation failures (400), 401, 403,
+	// 413, 422, 429 and every 5xx are not: fix the request or wait, and
+	// retry with the same key.
+	//
+	// A key is kept for 24 hours by default, counted from the moment the
+	// first request with it completed; after that it is forgotten and a
+	// request with it runs as a new one. Keys are scoped by the
+	// authenticated principal: another principal's key is another key.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // CreatePaymentParams defines parameters for CreatePayment.
 type CreatePaymentParams struct {
 	// IdempotencyKey Makes the request safe to retry. Send a new key for each operation
@@ -912,6 +1284,9 @@ type CreatePaymentParams struct {
 
 // CreateAccountJSONRequestBody defines body for CreateAccount for application/json ContentType.
 type CreateAccountJSONRequestBody = CreateAccountRequest
+
+// CreateChargeJSONRequestBody defines body for CreateCharge for application/json ContentType.
+type CreateChargeJSONRequestBody = ChargeRequest
 
 // CreatePaymentJSONRequestBody defines body for CreatePayment for application/json ContentType.
 type CreatePaymentJSONRequestBody = PaymentRequest
@@ -1025,6 +1400,60 @@ type ClientInterface interface {
 	// Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
 	GetAccount(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// CreateChargeWithBody Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+	//
+	// Takes the amount from the API key's account and charges it at the
+	// payment processor before answering: the answer holds the
+	// processor's charge. The work is made of steps, none of which holds
+	// a transaction open while the processor is called: the amount is
+	// taken and the payment recorded in one short transaction, the
+	// processor is called with a key derived from the Idempotency-Key,
+	// and its charge is recorded in another short transaction.
+	//
+	// A client that stops waiting (a timeout, a lost answer) need not
+	// come back: the service finishes the charge by itself. A retry with
+	// the same key and request continues the charge from where it
+	// stopped, or receives its answer. Either way the processor charges
+	// the payment once. The answers marked "stored" below are kept with
+	// the key and every retry with it receives them again, with
+	// `Idempotent-Replayed: true`; the others leave nothing that a retry
+	// with the same key would not continue.
+	//
+	// Served by a service started with a payment processor; 501
+	// otherwise. Rate-limited with `POST /payments`, per account.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /charges (the `CreateCharge` operationId).
+	CreateChargeWithBody(ctx context.Context, params *CreateChargeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateCharge Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+	//
+	// Takes the amount from the API key's account and charges it at the
+	// payment processor before answering: the answer holds the
+	// processor's charge. The work is made of steps, none of which holds
+	// a transaction open while the processor is called: the amount is
+	// taken and the payment recorded in one short transaction, the
+	// processor is called with a key derived from the Idempotency-Key,
+	// and its charge is recorded in another short transaction.
+	//
+	// A client that stops waiting (a timeout, a lost answer) need not
+	// come back: the service finishes the charge by itself. A retry with
+	// the same key and request continues the charge from where it
+	// stopped, or receives its answer. Either way the processor charges
+	// the payment once. The answers marked "stored" below are kept with
+	// the key and every retry with it receives them again, with
+	// `Idempotent-Replayed: true`; the others leave nothing that a retry
+	// with the same key would not continue.
+	//
+	// Served by a service started with a payment processor; 501
+	// otherwise. Rate-limited with `POST /payments`, per account.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /charges (the `CreateCharge` operationId).
+	CreateCharge(ctx context.Context, params *CreateChargeParams, body CreateChargeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetHealth Whether the service can reach its database.
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
@@ -1129,6 +1558,80 @@ func (c *Client) CreateAccount(ctx context.Context, body CreateAccountJSONReques
 // Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
 func (c *Client) GetAccount(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetAccountRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateChargeWithBody Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+//
+// Takes the amount from the API key's account and charges it at the
+// payment processor before answering: the answer holds the
+// processor's charge. The work is made of steps, none of which holds
+// a transaction open while the processor is called: the amount is
+// taken and the payment recorded in one short transaction, the
+// processor is called with a key derived from the Idempotency-Key,
+// and its charge is recorded in another short transaction.
+//
+// A client that stops waiting (a timeout, a lost answer) need not
+// come back: the service finishes the charge by itself. A retry with
+// the same key and request continues the charge from where it
+// stopped, or receives its answer. Either way the processor charges
+// the payment once. The answers marked "stored" below are kept with
+// the key and every retry with it receives them again, with
+// `Idempotent-Replayed: true`; the others leave nothing that a retry
+// with the same key would not continue.
+//
+// Served by a service started with a payment processor; 501
+// otherwise. Rate-limited with `POST /payments`, per account.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /charges (the `CreateCharge` operationId).
+func (c *Client) CreateChargeWithBody(ctx context.Context, params *CreateChargeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateChargeRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateCharge Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+//
+// Takes the amount from the API key's account and charges it at the
+// payment processor before answering: the answer holds the
+// processor's charge. The work is made of steps, none of which holds
+// a transaction open while the processor is called: the amount is
+// taken and the payment recorded in one short transaction, the
+// processor is called with a key derived from the Idempotency-Key,
+// and its charge is recorded in another short transaction.
+//
+// A client that stops waiting (a timeout, a lost answer) need not
+// come back: the service finishes the charge by itself. A retry with
+// the same key and request continues the charge from where it
+// stopped, or receives its answer. Either way the processor charges
+// the payment once. The answers marked "stored" below are kept with
+// the key and every retry with it receives them again, with
+// `Idempotent-Replayed: true`; the others leave nothing that a retry
+// with the same key would not continue.
+//
+// Served by a service started with a payment processor; 501
+// otherwise. Rate-limited with `POST /payments`, per account.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /charges (the `CreateCharge` operationId).
+func (c *Client) CreateCharge(ctx context.Context, params *CreateChargeParams, body CreateChargeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateChargeRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1306,6 +1809,59 @@ func NewGetAccountRequest(server string, id openapi_types.UUID) (*http.Request, 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateChargeRequest calls the generic CreateCharge builder with application/json body
+func NewCreateChargeRequest(server string, params *CreateChargeParams, body CreateChargeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateChargeRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateChargeRequestWithBody constructs an http.Request for the CreateCharge method, with any body, and a specified content type
+func NewCreateChargeRequestWithBody(server string, params *CreateChargeParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/charges")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
 	}
 
 	return req, nil
@@ -1533,6 +2089,60 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /accounts/{id} (the `GetAccount` operationId).
 	GetAccountWithResponse(ctx context.Context, id openapi_types.UUID, reqEditors ...RequestEditorFn) (*GetAccountResponse, error)
 
+	// CreateChargeWithBodyWithResponse Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+	//
+	// Takes the amount from the API key's account and charges it at the
+	// payment processor before answering: the answer holds the
+	// processor's charge. The work is made of steps, none of which holds
+	// a transaction open while the processor is called: the amount is
+	// taken and the payment recorded in one short transaction, the
+	// processor is called with a key derived from the Idempotency-Key,
+	// and its charge is recorded in another short transaction.
+	//
+	// A client that stops waiting (a timeout, a lost answer) need not
+	// come back: the service finishes the charge by itself. A retry with
+	// the same key and request continues the charge from where it
+	// stopped, or receives its answer. Either way the processor charges
+	// the payment once. The answers marked "stored" below are kept with
+	// the key and every retry with it receives them again, with
+	// `Idempotent-Replayed: true`; the others leave nothing that a retry
+	// with the same key would not continue.
+	//
+	// Served by a service started with a payment processor; 501
+	// otherwise. Rate-limited with `POST /payments`, per account.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /charges (the `CreateCharge` operationId).
+	CreateChargeWithBodyWithResponse(ctx context.Context, params *CreateChargeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateChargeResponse, error)
+
+	// CreateChargeWithResponse Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+	//
+	// Takes the amount from the API key's account and charges it at the
+	// payment processor before answering: the answer holds the
+	// processor's charge. The work is made of steps, none of which holds
+	// a transaction open while the processor is called: the amount is
+	// taken and the payment recorded in one short transaction, the
+	// processor is called with a key derived from the Idempotency-Key,
+	// and its charge is recorded in another short transaction.
+	//
+	// A client that stops waiting (a timeout, a lost answer) need not
+	// come back: the service finishes the charge by itself. A retry with
+	// the same key and request continues the charge from where it
+	// stopped, or receives its answer. Either way the processor charges
+	// the payment once. The answers marked "stored" below are kept with
+	// the key and every retry with it receives them again, with
+	// `Idempotent-Replayed: true`; the others leave nothing that a retry
+	// with the same key would not continue.
+	//
+	// Served by a service started with a payment processor; 501
+	// otherwise. Rate-limited with `POST /payments`, per account.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /charges (the `CreateCharge` operationId).
+	CreateChargeWithResponse(ctx context.Context, params *CreateChargeParams, body CreateChargeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateChargeResponse, error)
+
 	// GetHealthWithResponse Whether the service can reach its database.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -1749,6 +2359,159 @@ func (r GetAccountResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetAccountResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateChargeResponse201Headers the declared response headers of an HTTP 201 response for CreateCharge
+type CreateChargeResponse201Headers struct {
+	IdempotentReplayed *string
+}
+
+// CreateChargeResponse401Headers the declared response headers of an HTTP 401 response for CreateCharge
+type CreateChargeResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// CreateChargeResponse402Headers the declared response headers of an HTTP 402 response for CreateCharge
+type CreateChargeResponse402Headers struct {
+	IdempotentReplayed *string
+}
+
+// CreateChargeResponse409Headers the declared response headers of an HTTP 409 response for CreateCharge
+type CreateChargeResponse409Headers struct {
+	RetryAfter int
+}
+
+// CreateChargeResponse429Headers the declared response headers of an HTTP 429 response for CreateCharge
+type CreateChargeResponse429Headers struct {
+	RetryAfter int
+}
+
+// CreateChargeResponse503Headers the declared response headers of an HTTP 503 response for CreateCharge
+type CreateChargeResponse503Headers struct {
+	RetryAfter int
+}
+
+type CreateChargeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Charge
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *ChargeBadRequestProblem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON402 the response for an HTTP 402 `application/problem+json` response
+	ApplicationproblemJSON402 *ChargeRefusedProblem
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *InProgress
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *BodyTooLarge
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *KeyMismatch
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequestsProblem
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *ChargeServerErrorProblem
+	// ApplicationproblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationproblemJSON501 *NotImplementedProblem
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *PaymentUnavailableProblem
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateChargeResponse201Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateChargeResponse401Headers
+	// Headers402 the parsed response headers for an HTTP 402 response
+	Headers402 *CreateChargeResponse402Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateChargeResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateChargeResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateChargeResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateChargeResponse) GetJSON201() *Charge {
+	return r.JSON201
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON400() *ChargeBadRequestProblem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON402 returns the response for an HTTP 402 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON402() *ChargeRefusedProblem {
+	return r.ApplicationproblemJSON402
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON409() *InProgress {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON413() *BodyTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON422() *KeyMismatch {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON429() *TooManyRequestsProblem {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON500() *ChargeServerErrorProblem {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON501() *NotImplementedProblem {
+	return r.ApplicationproblemJSON501
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON503() *PaymentUnavailableProblem {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateChargeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateChargeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateChargeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateChargeResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2142,6 +2905,72 @@ func (c *ClientWithResponses) GetAccountWithResponse(ctx context.Context, id ope
 	return ParseGetAccountResponse(rsp)
 }
 
+// CreateChargeWithBodyWithResponse Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+//
+// Takes the amount from the API key's account and charges it at the
+// payment processor before answering: the answer holds the
+// processor's charge. The work is made of steps, none of which holds
+// a transaction open while the processor is called: the amount is
+// taken and the payment recorded in one short transaction, the
+// processor is called with a key derived from the Idempotency-Key,
+// and its charge is recorded in another short transaction.
+//
+// A client that stops waiting (a timeout, a lost answer) need not
+// come back: the service finishes the charge by itself. A retry with
+// the same key and request continues the charge from where it
+// stopped, or receives its answer. Either way the processor charges
+// the payment once. The answers marked "stored" below are kept with
+// the key and every retry with it receives them again, with
+// `Idempotent-Replayed: true`; the others leave nothing that a retry
+// with the same key would not continue.
+//
+// Served by a service started with a payment processor; 501
+// otherwise. Rate-limited with `POST /payments`, per account.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /charges (the `CreateCharge` operationId).
+func (c *ClientWithResponses) CreateChargeWithBodyWithResponse(ctx context.Context, params *CreateChargeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateChargeResponse, error) {
+	rsp, err := c.CreateChargeWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateChargeResponse(rsp)
+}
+
+// CreateChargeWithResponse Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+//
+// Takes the amount from the API key's account and charges it at the
+// payment processor before answering: the answer holds the
+// processor's charge. The work is made of steps, none of which holds
+// a transaction open while the processor is called: the amount is
+// taken and the payment recorded in one short transaction, the
+// processor is called with a key derived from the Idempotency-Key,
+// and its charge is recorded in another short transaction.
+//
+// A client that stops waiting (a timeout, a lost answer) need not
+// come back: the service finishes the charge by itself. A retry with
+// the same key and request continues the charge from where it
+// stopped, or receives its answer. Either way the processor charges
+// the payment once. The answers marked "stored" below are kept with
+// the key and every retry with it receives them again, with
+// `Idempotent-Replayed: true`; the others leave nothing that a retry
+// with the same key would not continue.
+//
+// Served by a service started with a payment processor; 501
+// otherwise. Rate-limited with `POST /payments`, per account.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /charges (the `CreateCharge` operationId).
+func (c *ClientWithResponses) CreateChargeWithResponse(ctx context.Context, params *CreateChargeParams, body CreateChargeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateChargeResponse, error) {
+	rsp, err := c.CreateCharge(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateChargeResponse(rsp)
+}
+
 // GetHealthWithResponse Whether the service can reach its database.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2374,6 +3203,165 @@ func ParseGetAccountResponse(rsp *http.Response) (*GetAccountResponse, error) {
 		response.Headers401 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetAccountResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateChargeResponse parses an HTTP response from a CreateChargeWithResponse call
+func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateChargeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Charge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ChargeBadRequestProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 402:
+		var dest ChargeRefusedProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON402 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest InProgress
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest BodyTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest KeyMismatch
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequestsProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ChargeServerErrorProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest NotImplementedProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest PaymentUnavailableProblem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateChargeResponse201Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateChargeResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 402:
+		var headers CreateChargeResponse402Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers402 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateChargeResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateChargeResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateChargeResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -2703,6 +3691,9 @@ type ServerInterface interface {
 	// GetAccount The API key's own account.
 	// (GET /accounts/{id})
 	GetAccount(w http.ResponseWriter, r *http.Request, id openapi_types.UUID)
+	// CreateCharge Charge the API key's account at the payment processor while the client waits, exactly once per Idempotency-Key.
+	// (POST /charges)
+	CreateCharge(w http.ResponseWriter, r *http.Request, params CreateChargeParams)
 	// GetHealth Whether the service can reach its database.
 	// (GET /healthz)
 	GetHealth(w http.ResponseWriter, r *http.Request)
@@ -2757,6 +3748,51 @@ func (siw *ServerInterfaceWrapper) GetAccount(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetAccount(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateCharge operation middleware
+func (siw *ServerInterfaceWrapper) CreateCharge(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateChargeParams
+
+	headers := r.Header
+
+	// ------------- Required header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = IdempotencyKey
+
+	} else {
+		err := fmt.Errorf("Header parameter Idempotency-Key is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Idempotency-Key", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateCharge(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2991,6 +4027,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/accounts/{id}", wrapper.GetAccount)
 	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/payments", wrapper.CreatePayment)
 	m.HandleFunc(http.MethodGet+" "+options.BaseURL+"/payments/{id}", wrapper.GetPayment)
+	m.HandleFunc(http.MethodPost+" "+options.BaseURL+"/charges", wrapper.CreateCharge)
 
 	return m
 }

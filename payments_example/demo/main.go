@@ -16,7 +16,20 @@
 // kill, to the same business code without idem (./unprotected), which
 // calls the processor inside the request with a new key per attempt, and
 // shows how much money the retries charged twice, in the service and at
-// the processor. Last, it prints what the service with idem counted itself,
+// the processor.
+//
+// The service with idem also takes, at the same time, through the same
+// lossy network and the same kill, 100 synchronous charges (POST /charges)
+// from another account: an idem.Operation that takes the amount, calls the
+// processor (which takes 400 ms) with no transaction open, and records its
+// charge, before it answers. A fifth of those clients give up after
+// 150 ms, while the service waits for the processor, and never come back;
+// the service's completer (package idemriver, on its River client)
+// finishes their charges. The demo waits until no charge is unfinished and
+// checks that every charge that began was finished and charged at the
+// processor exactly once.
+//
+// Last, it prints what the service with idem counted itself,
 // read from its GET /metrics (on its internal listener) before it was stopped: idem_calls_total by
 // outcome and HTTP status since its restart, and whether its replays are
 // the replays the proxy relayed from it.
@@ -25,8 +38,10 @@
 // PostgreSQL as the tests do (IDEM_TEST_DATABASE_URL, DATABASE_URL, else
 // 127.0.0.1:5432), works in a database of its own that it drops at the end,
 // and exits non-zero if, with idem, the balance is not exact, a payment is
-// not settled exactly once within a minute of the last answer, or the
-// service's metrics count other replays than the proxy relayed.
+// not settled exactly once within a minute of the last answer, a charge
+// is unfinished, duplicated or not charged exactly once a minute after
+// the last answer, or the service's metrics count other replays than the
+// proxy relayed.
 package main
 
 import (
@@ -73,20 +88,21 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, timeLimit)
 	defer cancel()
 
-	with, _, err := run(ctx, os.Stdout, makePlan(), nil)
+	with, _, err := run(ctx, os.Stdout, makePlan(), makeChargePlan(), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
 	}
-	if !with.exact() || !with.metricsAgree() {
+	if !with.exact() || !with.sync.exact() || !with.metricsAgree() {
 		os.Exit(1)
 	}
 }
 
-// run plays both halves of the demo with plan, reports them on out and
-// returns them. wrap, if not nil, wraps the transport of every request the
-// demo sends to the service (the tests check them against the spec).
-func run(ctx context.Context, out io.Writer, plan []payment, wrap func(http.RoundTripper) http.RoundTripper) (with, without outcome, err error) {
+// run plays both halves of the demo with plan, and the charges of
+// charges with the service with idem, reports them on out and returns
+// them. wrap, if not nil, wraps the transport of every request the demo
+// sends to the service (the tests check them against the spec).
+func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, wrap func(http.RoundTripper) http.RoundTripper) (with, without outcome, err error) {
 	pool, cleanup, err := freshDatabase(ctx, serverURL())
 	if err != nil {
 		return with, without, err
@@ -112,10 +128,14 @@ func run(ctx context.Context, out io.Writer, plan []payment, wrap func(http.Roun
 	fmt.Fprintf(out, "Sending %d payments (%d workers) through a network that loses %.0f%% of the\n"+
 		"answers after the service has acted. Every failure is retried with the same key.\n"+
 		"The service settles each payment at a processor that fails %.0f%% of its calls and\n"+
-		"loses %.0f%% of its answers, and is killed (SIGKILL) and restarted once, halfway.\n\n",
-		len(plan), workers, lossRate*100, processorFail*100, processorLose*100)
+		"loses %.0f%% of its answers, and is killed (SIGKILL) and restarted once, halfway.\n"+
+		"Meanwhile the service with idem takes %d synchronous charges (POST /charges) from\n"+
+		"another account, through the same network and the same kill; %.0f%% of their\n"+
+		"clients give up after %v, while the processor (%v) is being asked.\n\n",
+		len(plan), workers, lossRate*100, processorFail*100, processorLose*100,
+		len(charges), giveUpShare*100, giveUpAfter, processorLatency)
 
-	h := half{pool: pool, dbURL: pool.Config().ConnString(), dir: dir, plan: plan, wrap: wrap}
+	h := half{pool: pool, dbURL: pool.Config().ConnString(), dir: dir, plan: plan, charges: charges, wrap: wrap}
 	if with, err = h.play(ctx, bins[0], true); err != nil {
 		return with, without, fmt.Errorf("with idem: %w", err)
 	}
@@ -165,6 +185,9 @@ type outcome struct {
 	// and the replays the proxy relayed from it.
 	metrics             []callmetrics.Count
 	replaysSinceRestart int64
+
+	// With idem: the synchronous charges (POST /charges).
+	sync chargeOutcome
 }
 
 func (o outcome) duplicates() int { return o.charges - (o.sent - len(o.failed)) }
@@ -179,9 +202,10 @@ func (o outcome) exact() bool {
 }
 
 // metricsAgree reports whether the restarted service counted as many
-// replays in its metrics as the proxy relayed from it.
+// replays in its metrics as the proxies relayed from it, the payments' and
+// the charges'.
 func (o outcome) metricsAgree() bool {
-	return callmetrics.Of(o.metrics, "replayed") == o.replaysSinceRestart
+	return callmetrics.Of(o.metrics, "replayed") == o.replaysSinceRestart+o.sync.replaysSinceRestart
 }
 
 // half is what both halves of the demo share.
@@ -190,20 +214,25 @@ type half struct {
 	dbURL string
 	dir   string // for the services' logs
 	plan  []payment
-	wrap  func(http.RoundTripper) http.RoundTripper
+	// charges are sent to the service with idem, alongside plan.
+	charges []charge
+	wrap    func(http.RoundTripper) http.RoundTripper
 }
 
 // play runs the service bin as a child process against a fake processor,
 // behind a lossy proxy, opens an account and sends the plan through the
-// proxy, killing and restarting the service once on the way. With async,
-// settlement happens after the answers, and play waits for it (up to
-// settleBound after the last answer).
+// proxy, killing and restarting the service once on the way. With async
+// (the service with idem), settlement happens after the answers, and play
+// waits for it (up to settleBound after the last answer); and the charges
+// go through a proxy of their own at the same time, and play waits until
+// none is unfinished.
 func (h half) play(ctx context.Context, bin string, async bool) (outcome, error) {
 	fake, err := processor.NewFake(processor.FakeConfig{FailRate: processorFail, LoseRate: processorLose, Seed: seed})
 	if err != nil {
 		return outcome{}, err
 	}
-	processorURL, stopProcessor, err := serve(ctx, fake)
+	slow := &slowProcessor{next: fake}
+	processorURL, stopProcessor, err := serve(ctx, slow)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -220,7 +249,8 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 			return outcome{}, err
 		}
 		metricsURL = "http://" + metricsAddr + "/metrics"
-		args = append(args, "-metrics-addr", metricsAddr, "-payment-rate", "100000", "-payment-burst", "100000")
+		args = append(args, "-metrics-addr", metricsAddr, "-payment-rate", "100000", "-payment-burst", "100000",
+			"-charge-lease", chargeLease.String())
 	}
 	svc, err := newChild(ctx, h.dir, bin, args, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=", "METRICS_ADDR=")
 	if err != nil {
@@ -261,15 +291,29 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	}
 	account, apiKey := created.JSON201.Id, created.JSON201.ApiKey
 
+	var ch *charger // the charges, with idem
+	if async {
+		chargeProxy := newLossyProxy(svc.url, seed+1, lossRate)
+		chargeProxyURL, stopChargeProxy, err := serve(ctx, chargeProxy)
+		if err != nil {
+			return outcome{}, err
+		}
+		defer stopChargeProxy()
+		if ch, err = newCharger(ctx, signUp, h.charges, chargeProxy, chargeProxyURL, h.wrap); err != nil {
+			return outcome{}, err
+		}
+		slow.account.Store(&ch.account)
+	}
+
 	var retries, answered atomic.Int64
 	payer, err := newAPIClient(proxyURL, apiKey, newRetryingClient(&retries, h.wrap).StandardClient())
 	if err != nil {
 		return outcome{}, err
 	}
-	// Halfway, the service is killed and started again; the payments
-	// carry on, and their retries meet a service that is down, then
-	// fresh.
-	var killer sync.WaitGroup
+	// Halfway, the service is killed and started again; the payments,
+	// and the charges that keep pace with them, carry on, and their
+	// retries meet a service that is down, then fresh.
+	var killer, charging sync.WaitGroup
 	var killErr error
 	killer.Go(func() {
 		for answered.Load() < int64(killAt*float64(len(h.plan))) && ctx.Err() == nil {
@@ -280,9 +324,16 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		}
 		// The answers from here on are the next run's.
 		proxy.restarted()
+		if ch != nil {
+			ch.proxy.restarted()
+		}
 		killErr = svc.start(ctx)
 	})
+	if ch != nil {
+		charging.Go(func() { ch.chargeAll(ctx, &answered, len(h.plan)) })
+	}
 	results := payAll(ctx, payer, account, h.plan, workers, &answered)
+	charging.Wait()
 	lastAnswer := time.Now()
 	killer.Wait()
 	if err := errors.Join(ctx.Err(), killErr); err != nil {
@@ -307,6 +358,9 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	}
 	if async {
 		if o.settling, err = waitSettled(ctx, owner, ids, lastAnswer); err != nil {
+			return outcome{}, err
+		}
+		if o.sync, err = ch.measure(ctx, h.pool, fake, lastAnswer); err != nil {
 			return outcome{}, err
 		}
 	}
@@ -401,14 +455,23 @@ func report(out io.Writer, with, without outcome) {
 		"the processor charged %d times for %d payments.\n",
 		without.retries, without.duplicates(), usd(without.expected-without.actual), without.processed, without.sent)
 
+	fmt.Fprintf(out, "\nThe synchronous charges (POST /charges, an idem.Operation finished by idemriver's\n"+
+		"completer when its client gave up), with idem:\n")
+	reportCharges(out, with.sync)
+
 	fmt.Fprintf(out, "\nThe service's own count, from its GET /metrics (idem_calls_total by outcome and\n"+
-		"HTTP status). A process counts from its start, so these are the restarted one's:\n")
+		"HTTP status; the charges' calls carry none). A process counts from its start, so\n"+
+		"these are the restarted one's:\n")
 	for _, c := range with.metrics {
-		fmt.Fprintf(out, "  outcome=%-15s status=%-4s %6d\n", c.Outcome, c.Status, c.N)
+		status := c.Status
+		if status == "" {
+			status = "-"
+		}
+		fmt.Fprintf(out, "  outcome=%-15s status=%-4s %6d\n", c.Outcome, status, c.N)
 	}
 	counted := callmetrics.Of(with.metrics, "replayed")
 	fmt.Fprintf(out, "Of the %d replays served, %d came from the restarted service: its metrics counted %d",
-		with.replays, with.replaysSinceRestart, counted)
+		with.replays+with.sync.replays, with.replaysSinceRestart+with.sync.replaysSinceRestart, counted)
 	if with.metricsAgree() {
 		fmt.Fprintln(out, ".")
 	} else {

@@ -16,7 +16,9 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 // TestPlay runs the demo, both halves, on a shorter plan, with the service
 // built and run as a child process and killed once: with idem every lost
 // answer is replayed, the balance is exact and the processor charges each
-// payment once, all settled within the bound, and the restarted service's
+// payment once, all settled within the bound; every synchronous charge
+// that began is finished (those whose clients gave up, by the completer)
+// and charged at the processor exactly once; and the restarted service's
 // metrics count the replays the proxy relayed from it; without it lost
 // answers become duplicate charges, in the service and at the processor.
 // Every request the demo sends the service, and every answer, is checked
@@ -28,13 +30,20 @@ func TestPlay(t *testing.T) {
 	spec := spectest.New(t)
 	wrap := func(rt http.RoundTripper) http.RoundTripper { return spec.Transport(t, rt) }
 	var out bytes.Buffer
-	with, without, err := run(t.Context(), &out, makePlan()[:60], wrap)
+	with, without, err := run(t.Context(), &out, makePlan()[:60], makeChargePlan()[:30], wrap)
 	t.Logf("\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !with.exact() || with.lost == 0 || with.replays < with.lost || with.retries < with.lost {
 		t.Fatalf("with idem: %+v; want exact, some lost answers, and a replay for each", with)
+	}
+	// The charges: every one that began was finished, and charged at the
+	// processor exactly once; those whose clients gave up by the
+	// completer alone.
+	if c := with.sync; !c.exact() || c.gaveUp == 0 || c.byCompleter == 0 || c.begun < c.sent-c.gaveUp ||
+		c.processorDuplicates() != 0 || c.duplicates() != 0 || c.unfinished != 0 {
+		t.Fatalf("charges: %+v; want exact, no duplicate, nothing unfinished, and some finished by the completer", c)
 	}
 	// The restarted service's metrics: it executed payments, and counted
 	// as replays exactly the replays the proxy relayed from it.

@@ -30,4 +30,13 @@
 // River job there, which charges the processor once the payment has
 // committed. GET /payments/{id} tells whether a payment is settled, and by
 // which charge of the processor.
+//
+// POST /charges, when the handler has Charges, charges at the processor
+// before it answers instead: an idem.Operation whose steps take the amount,
+// call the processor with no transaction open and record its charge, each
+// database step a short transaction of its own (Charges says which). It is
+// served by idemhttp's handler for operations, under the same key rules
+// and rate limit as POST /payments. A charge whose client gives up is
+// finished by the completer (package idemriver) that the command runs on
+// the settlement River client; a retry with its key continues it.
 package payments

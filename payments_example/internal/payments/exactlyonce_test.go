@@ -51,7 +51,7 @@ func TestPaymentsExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := settlement.NewClient(pool, proc, nil)
+	jobs, err := settlement.NewClient(pool, proc, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

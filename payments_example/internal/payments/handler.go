@@ -25,12 +25,18 @@ type Config struct {
 	// are not settled.
 	Settler Settler
 
+	// Charges, if not nil, serves POST /charges: charges at the processor
+	// while the client waits (NewCharges). It must be made with the
+	// handler's keys. Defaults to none: POST /charges answers 501.
+	Charges *Charges
+
 	// Logger receives the errors answered with 5xx. Defaults to
 	// discarding them.
 	Logger *slog.Logger
 
-	// PaymentRate is how many POST /payments one account may send per
-	// second, sustained; PaymentBurst how many at once after a pause.
+	// PaymentRate is how many POST /payments and POST /charges one
+	// account may send per second, together, sustained; PaymentBurst how
+	// many at once after a pause.
 	// Beyond them the answer is 429 (ProblemTooManyRequests) with
 	// Retry-After, before the Idempotency-Key is looked at: nothing runs
 	// and nothing is stored. Every stored key costs the key table about a
@@ -51,11 +57,14 @@ type Config struct {
 //	GET  /accounts/{id}  API key; 200 Account, 404 for another account's
 //	POST /payments       API key and Idempotency-Key; 201 Payment; rate-limited per account
 //	GET  /payments/{id}  API key; 200 PaymentStatus, 404 for another account's
+//	POST /charges        API key and Idempotency-Key; 201 Charge; rate-limited with POST /payments
 //
 // POST /payments runs behind idemhttp, configured on keys (an idem.Client
 // on pool), with the API key's account as the idempotency scope: every
 // keyed request has an authenticated account, and one without is refused
 // 401 before any key is looked at, never run in a scope shared by all.
+// POST /charges is cfg.Charges's operation, served by idemhttp's handler
+// for operations under the same rules.
 // The service's metrics are not part of this API: serve them on a
 // listener of their own (see the command's -metrics-addr).
 func NewHandler(pool *pgxpool.Pool, keys *idem.Client, cfg *Config) (http.Handler, error) {
@@ -71,8 +80,14 @@ func NewHandler(pool *pgxpool.Pool, keys *idem.Client, cfg *Config) (http.Handle
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Charges != nil {
+		if s.charges, err = newChargeHandler(cfg.Charges, s.log); err != nil {
+			return nil, err
+		}
+	}
 	s.payWrite = s.inRequestTx
-	return s.routes(func(h http.Handler) http.Handler { return s.limit(limits, mw.Handler(h)) }), nil
+	limited := func(h http.Handler) http.Handler { return s.limit(limits, h) }
+	return s.routes(func(h http.Handler) http.Handler { return limited(mw.Handler(h)) }, limited), nil
 }
 
 // newKeyMiddleware returns the idemhttp middleware of POST /payments. Its
@@ -82,7 +97,21 @@ func NewHandler(pool *pgxpool.Pool, keys *idem.Client, cfg *Config) (http.Handle
 // requireAccount) is answered 401 and runs nothing, instead of running
 // under one namespace that every client shares.
 func newKeyMiddleware(keys *idem.Client, log *slog.Logger) (*idemhttp.Middleware, error) {
-	return idemhttp.NewMiddleware(keys, &idemhttp.Config{
+	return idemhttp.NewMiddleware(keys, keyConfig(log))
+}
+
+// newChargeHandler returns the handler of POST /charges: idemhttp's for
+// c's operation, with the middleware's key rules, answering 201.
+func newChargeHandler(c *Charges, log *slog.Logger) (http.Handler, error) {
+	return idemhttp.NewOperationHandler(c.op, keyConfig(log), &idemhttp.OperationOptions[chargeRequest, api.Charge]{
+		Decode: decodeCharge,
+		Status: func(api.Charge) int { return http.StatusCreated },
+	})
+}
+
+// keyConfig is the idemhttp configuration of the keyed operations.
+func keyConfig(log *slog.Logger) *idemhttp.Config {
+	return &idemhttp.Config{
 		Required:     true,
 		MaxBodyBytes: MaxBodyBytes,
 		Logger:       log,
@@ -94,7 +123,7 @@ func newKeyMiddleware(keys *idem.Client, log *slog.Logger) (*idemhttp.Middleware
 			return scopeOf(account), nil
 		},
 		Challenge: bearerChallenge,
-	})
+	}
 }
 
 // NewUnprotectedHandler returns the same API with the same business code
@@ -106,13 +135,15 @@ func newKeyMiddleware(keys *idem.Client, log *slog.Logger) (*idemhttp.Middleware
 func NewUnprotectedHandler(pool *pgxpool.Pool, settler Settler, log *slog.Logger) http.Handler {
 	s := newServer(pool, settler, log)
 	s.payWrite = s.inPlainTx
-	return s.routes(func(h http.Handler) http.Handler { return h })
+	none := func(h http.Handler) http.Handler { return h }
+	return s.routes(none, none)
 }
 
 // server implements api.ServerInterface; there is no package-level state.
 type server struct {
 	pool    *pgxpool.Pool
-	settler Settler // nil: payments are not settled
+	settler Settler      // nil: payments are not settled
+	charges http.Handler // POST /charges; nil: answered 501
 	log     *slog.Logger
 	// payWrite runs POST /payments's endpoint in a transaction and writes
 	// its answer once the transaction is settled.
@@ -136,8 +167,9 @@ type endpoint func(r *http.Request, tx pgx.Tx) reply
 // router. Every operation requires an API key unless it is listed as open
 // here, so an operation added to the spec is closed until it is opened on
 // purpose; a test checks this list against the spec's security.
-// idempotent wraps the operations that take an Idempotency-Key.
-func (s *server) routes(idempotent func(http.Handler) http.Handler) http.Handler {
+// idempotent wraps the operations that run behind the idemhttp
+// middleware, limited the operations that handle their key themselves.
+func (s *server) routes(idempotent, limited func(http.Handler) http.Handler) http.Handler {
 	generated := api.HandlerWithOptions(s, api.StdHTTPServerOptions{ErrorHandlerFunc: s.badParameter})
 	mux := http.NewServeMux()
 	mux.Handle("/", s.requireAccount(generated))
@@ -151,6 +183,7 @@ func (s *server) routes(idempotent func(http.Handler) http.Handler) http.Handler
 	})
 	mux.Handle("POST /accounts", generated)
 	mux.Handle("POST /payments", s.requireAccount(idempotent(generated)))
+	mux.Handle("POST /charges", s.requireAccount(limited(generated)))
 	return mux
 }
 

@@ -44,6 +44,11 @@ func decode(r *http.Request, v any, required ...string) (reply, bool) {
 		}
 		return invalid("the body could not be read"), false
 	}
+	return decodeBody(body, v, required...)
+}
+
+// decodeBody is decode of a body already read.
+func decodeBody(body []byte, v any, required ...string) (reply, bool) {
 	if !utf8.Valid(body) {
 		return invalid("the body is not valid UTF-8"), false
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/idemhq/idem/idemriver"
 	"github.com/idemhq/idem/payments_example/processor"
 )
 
@@ -80,19 +81,35 @@ const (
 // receives River's logs and the jobs given up on (nil discards them).
 // Start it with Start and stop it with Stop; a client that is not started
 // still inserts jobs (Queue).
-func NewClient(pool *pgxpool.Pool, proc *processor.Client, log *slog.Logger) (*river.Client[pgx.Tx], error) {
+//
+// The client also works the queue of idem's completer
+// (idemriver.QueueName), with the same settings, for the workers the
+// caller registers on workers before Start: NewClient adds the settlement
+// Worker to workers (nil: a bundle of its own), and an operation whose
+// OnStart inserts with the client needs the client first, so its
+// completer (idemriver.Worker) can only be registered after NewClient
+// returns. The settings suit those jobs too: a completer job that runs
+// twice at once finds the operation's lease held and waits, and one
+// stopped by JobTimeout (a slow processor) is run again and continues
+// from the steps recorded.
+func NewClient(pool *pgxpool.Pool, proc *processor.Client, log *slog.Logger, workers *river.Workers) (*river.Client[pgx.Tx], error) {
 	if pool == nil || proc == nil {
 		return nil, errors.New("settlement: NewClient needs a pool and a processor")
 	}
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	workers := river.NewWorkers()
+	if workers == nil {
+		workers = river.NewWorkers()
+	}
 	if err := river.AddWorkerSafely(workers, &Worker{pool: pool, processor: proc, log: log}); err != nil {
 		return nil, err
 	}
 	return river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:               map[string]river.QueueConfig{QueueName: {MaxWorkers: Workers}},
+		Queues: map[string]river.QueueConfig{
+			QueueName:           {MaxWorkers: Workers},
+			idemriver.QueueName: {MaxWorkers: Workers},
+		},
 		Workers:              workers,
 		JobTimeout:           JobTimeout,
 		RescueStuckJobsAfter: RescueStuckJobsAfter,

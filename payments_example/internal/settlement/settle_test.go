@@ -82,7 +82,7 @@ func newService(t *testing.T, cfg processor.FakeConfig, settle func(s *service) 
 // jobs starts the settlement River client of s, stopped when t ends.
 func (s *service) jobs() *river.Client[pgx.Tx] {
 	s.t.Helper()
-	rc, err := settlement.NewClient(s.pool, s.proc, nil)
+	rc, err := settlement.NewClient(s.pool, s.proc, nil, nil)
 	if err != nil {
 		s.t.Fatal(err)
 	}
