@@ -452,9 +452,10 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			free, overdue *bool
 			token         *int64
 			name          *string
+			unfinished    bool
 		)
 		err = tx.QueryRow(ctx, c.stmts.op.take, c.scope, c.key, o.lease.Microseconds()).
-			Scan(&free, &token, &name, &ow.request, &overdue)
+			Scan(&free, &token, &name, &ow.request, &overdue, &unfinished)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 			return ow, ErrInProgress // the owner is inside a database step
@@ -463,6 +464,10 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			return ow, fmt.Errorf("idem: operation %q: take over: %w", o.name, err)
 		}
 		switch {
+		case free == nil && !unfinished:
+			// The owner stored the answer since op_lock.sql looked (its
+			// completion takes no advisory lock): the next look replays it.
+			return ow, errRaced
 		case free == nil:
 			return ow, fmt.Errorf("%w: the key is unfinished and has no operation state (was %s_operations changed by hand?)", ErrCorruptRecord, c.s.table)
 		case !*free:
@@ -544,6 +549,13 @@ func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req 
 	}
 	fin, stored, err := finishing(ctx, c, v, fnErr)
 	if err != nil {
+		_ = o.release(ctx, c, ow.token, err)
+		return zero, OutcomeFailed, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Nothing is sent, and nothing is in doubt: the pool would refuse
+		// a connection with ctx's error, which reads as unknown, and the
+		// operation would stay held until its lease ran out.
 		_ = o.release(ctx, c, ow.token, err)
 		return zero, OutcomeFailed, err
 	}

@@ -78,6 +78,19 @@ func linSettingsFromEnv(t *testing.T) linSettings {
 // it: a call told "failed" must have committed nothing, since its caller may
 // retry with a new key.
 //
+// On the plain layout, service instances call idem.Operation beside them,
+// under faults of their own (linearizability_operations_test.go): a
+// database step, an external step at a fake provider that honours the
+// derived key, a second database step, with a 300 ms lease, retries by the
+// same and other instances, completers' Resume calls, paused instances
+// whose operations are taken over, refusals, another request under a key,
+// short deadlines and failures on purpose at every step. Once the faults
+// stop, every unfinished operation is driven to its end with Resume; the
+// history is checked per key (lincheck.CheckOperations), and the database
+// and the provider are reconciled with it: each step's rows once, one
+// effect per operation under its derived key, every returned answer the
+// stored one, nothing left unfinished.
+//
 // What it asserts does not depend on timing: the run's length and the
 // checker's time are bounds, and a key the checker cannot decide in time is
 // reported, not failed.
@@ -96,8 +109,9 @@ func TestLinearizability(t *testing.T) {
 	}
 }
 
-// linClientApp is the application_name of the connections under test: the
-// only backends the fault injector terminates.
+// linClientApp is the application_name of the Do clients' connections:
+// with the operation clients' (linOpClientApp), the only backends the
+// fault injector terminates.
 const linClientApp = "idem-linearizability"
 
 // linLedgerSQL is the business table of the check: one row per execution
@@ -125,6 +139,16 @@ func runLinearizability(t *testing.T, l layout, seed uint64, duration time.Durat
 			t.Fatal(err)
 		}
 	}
+	// Operations run on the plain layout only: the partitioned one refuses
+	// them.
+	withOps := l.name == plain.name
+	apps := []string{linClientApp}
+	if withOps {
+		if _, err := admin.Exec(ctx, linOpLedgerSQL); err != nil {
+			t.Fatal(err)
+		}
+		apps = append(apps, linOpClientApp)
+	}
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
 		t.Fatal(err)
@@ -143,45 +167,105 @@ func runLinearizability(t *testing.T, l layout, seed uint64, duration time.Durat
 	t.Cleanup(func() { _ = faults.Close(context.Background()) })
 
 	w := &linWorkload{pool: pool, partitioned: l.name == partitioned.name, seed: seed, duration: duration}
+	ow := newLinOpWorkload(u, seed, duration)
 	stop := make(chan struct{})
 	injected := make(chan linFaults, 1)
-	go func() { injected <- terminateBackends(faults, seed, stop) }()
+	go func() { injected <- terminateBackends(faults, seed, apps, stop) }()
+	var (
+		opCalls []lincheck.OpCall
+		opErr   error
+		opsDone = make(chan struct{})
+	)
+	go func() {
+		defer close(opsDone)
+		if withOps {
+			opCalls, opErr = ow.run(ctx)
+		}
+	}()
 	calls := w.run()
+	<-opsDone
 	close(stop)
 	f := <-injected
 	if f.err != nil {
 		t.Errorf("fault injector: %v", f.err)
 	}
+	if opErr != nil {
+		t.Fatalf("operation clients: %v", opErr)
+	}
 
 	// Every connection under test ends before the database is read: a
 	// COMMIT whose client gave up may still be running on the server.
 	pool.Close()
-	settleBackends(t, admin)
+	settleBackends(t, admin, apps)
+	var unsettled []string
+	if withOps {
+		if opCalls, unsettled, err = ow.settle(ctx); err != nil {
+			t.Fatalf("settling the operations: %v", err)
+		}
+		settleBackends(t, admin, []string{linOpSettleApp})
+	}
 	final := readFinal(t, admin)
 	checkStart := time.Now()
 	r := lincheck.Check(calls, final, linCheckBound)
 	checked := time.Since(checkStart)
 
+	t.Logf("%s, seed %d, %v: %d calls over %d keys; by kind: %s; in detail: %s; faults injected: %d backends terminated (%d rounds); violations: %d; keys the checker could not decide in time: %d %v; checked in %v",
+		l.name, seed, duration, r.Calls, r.Keys, byKind(r), details(w.details),
+		f.byApp[linClientApp], f.attempts, len(r.Violations), len(r.Inconclusive), r.Inconclusive, checked.Round(time.Millisecond))
+	reportViolations(t, r.Violations)
+	if r.ByKind[lincheck.Executed] == 0 || f.byApp[linClientApp] == 0 {
+		t.Errorf("the run proved nothing: %d executions, %d backends terminated", r.ByKind[lincheck.Executed], f.byApp[linClientApp])
+	}
+	if !withOps {
+		return
+	}
+
+	opFinal := readOpFinal(t, admin, ow)
+	checkStart = time.Now()
+	opr := lincheck.CheckOperations(opCalls, opFinal, linCheckBound)
+	checked = time.Since(checkStart)
+	runs, takeovers := ow.takeovers()
+	t.Logf("%s, seed %d, %v, operations (lease %v): %d calls over %d keys, %d of them settling Resume calls (%d finished an operation); by kind: %s; in detail: %s; owner runs %d, takeovers %d, runs that resumed after a recorded step %d, paused owners %d (%d of them overtaken), step functions that returned after their owner lost its lease %d; provider: %d calls, %d effects; faults injected: %d backends terminated; violations: %d; keys the checker could not decide in time: %d %v; checked in %v",
+		l.name, seed, duration, linOpLease, opr.Calls, opr.Keys, ow.settled, ow.completed, byKind(opr), details(ow.details),
+		runs, takeovers, ow.resumed, ow.pauses, ow.overtaken, ow.staleReturns(), ow.provider.calls, len(opFinal.Effects),
+		f.byApp[linOpClientApp], len(opr.Violations), len(opr.Inconclusive), opr.Inconclusive, checked.Round(time.Millisecond))
+	if len(unsettled) > 0 {
+		t.Errorf("%d operations still unfinished after settling for %v: %v", len(unsettled), linOpSettleBound, unsettled)
+	}
+	reportViolations(t, opr.Violations)
+	if opr.ByKind[lincheck.Executed] == 0 || takeovers == 0 || f.byApp[linOpClientApp] == 0 {
+		t.Errorf("the operations' run proved nothing: %d executions, %d takeovers, %d backends terminated",
+			opr.ByKind[lincheck.Executed], takeovers, f.byApp[linOpClientApp])
+	}
+}
+
+// byKind lists a report's calls by how they ended.
+func byKind(r lincheck.Report) string {
 	kinds := make([]string, 0, len(lincheck.Kinds))
 	for _, k := range lincheck.Kinds {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k, r.ByKind[k]))
 	}
-	details := slices.Sorted(maps.Keys(w.details))
-	for i, d := range details {
-		details[i] = fmt.Sprintf("%s %d", d, w.details[d])
+	return strings.Join(kinds, ", ")
+}
+
+// details lists the finer classes of a workload's calls.
+func details(m map[string]int) string {
+	d := slices.Sorted(maps.Keys(m))
+	for i, k := range d {
+		d[i] = fmt.Sprintf("%s %d", k, m[k])
 	}
-	t.Logf("%s, seed %d, %v: %d calls over %d keys; by kind: %s; in detail: %s; faults injected: %d backends terminated (%d attempts); violations: %d; keys the checker could not decide in time: %d %v; checked in %v",
-		l.name, seed, duration, r.Calls, r.Keys, strings.Join(kinds, ", "), strings.Join(details, ", "),
-		f.terminated, f.attempts, len(r.Violations), len(r.Inconclusive), r.Inconclusive, checked.Round(time.Millisecond))
-	for i, v := range r.Violations {
+	return strings.Join(d, ", ")
+}
+
+// reportViolations fails the test with the first linMaxReported violations.
+func reportViolations(t *testing.T, violations []lincheck.Violation) {
+	t.Helper()
+	for i, v := range violations {
 		if i == linMaxReported {
-			t.Errorf("... and %d more violations", len(r.Violations)-i)
+			t.Errorf("... and %d more violations", len(violations)-i)
 			break
 		}
 		t.Errorf("violation: %v", v)
-	}
-	if r.ByKind[lincheck.Executed] == 0 || f.terminated == 0 {
-		t.Errorf("the run proved nothing: %d executions, %d backends terminated", r.ByKind[lincheck.Executed], f.terminated)
 	}
 }
 
@@ -195,16 +279,16 @@ const (
 	linSettleBound = 30 * time.Second
 )
 
-// settleBackends waits until the server has ended every backend under test.
-func settleBackends(t *testing.T, admin *pgxpool.Pool) {
+// settleBackends waits until the server has ended every backend of apps.
+func settleBackends(t *testing.T, admin *pgxpool.Pool, apps []string) {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(linSettleBound)
 	for {
 		var n int
 		if err := admin.QueryRow(ctx,
-			"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1",
-			linClientApp).Scan(&n); err != nil {
+			"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = ANY($1)",
+			apps).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
@@ -217,12 +301,13 @@ func settleBackends(t *testing.T, admin *pgxpool.Pool) {
 	}
 }
 
-// readFinal reads every key's row and every ledger row.
+// readFinal reads every key's row and every ledger row of the Do clients
+// (keys k-…; the operation clients' are o-…).
 func readFinal(t *testing.T, admin *pgxpool.Pool) lincheck.Final {
 	t.Helper()
 	ctx := context.Background()
 	final := lincheck.Final{Keys: map[string]lincheck.Stored{}, Rows: map[string]int{}, Ledger: map[string][]int64{}}
-	rows, err := admin.Query(ctx, "SELECT idempotency_key, status, request_hash, response, refusal IS NOT NULL FROM idempotency_keys")
+	rows, err := admin.Query(ctx, "SELECT idempotency_key, status, request_hash, response, refusal IS NOT NULL FROM idempotency_keys WHERE idempotency_key LIKE 'k-%'")
 	if err != nil {
 		t.Fatal(err)
 	}

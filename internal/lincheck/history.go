@@ -18,6 +18,12 @@
 //     names the execution whose ledger row committed, no committed execution
 //     of a call that reported a plain failure, no committed row of an
 //     operation that no call made, and no row left 'in_progress'.
+//
+// CheckOperations does the same for idem.Operation (operation.go): each key
+// is begun by one request and then written once with the answer of the call
+// that stored it, and the database and the external provider left at the
+// end agree with the answer: each database step's rows exactly once, one
+// effect at the provider under the derived key, nothing left unfinished.
 package lincheck
 
 import "fmt"
@@ -43,6 +49,9 @@ const (
 	// InProgress is ErrInProgress: the call observed the register empty
 	// while another call held the key.
 	InProgress
+	// NotFound is ErrNotFound, from Operation.Resume: the call observed the
+	// key holding nothing, not even an operation begun.
+	NotFound
 )
 
 var kindNames = [...]string{
@@ -52,6 +61,7 @@ var kindNames = [...]string{
 	Unknown:    "outcome_unknown",
 	Mismatch:   "mismatch",
 	InProgress: "in_progress",
+	NotFound:   "not_found",
 }
 
 func (k Kind) String() string {
@@ -62,7 +72,7 @@ func (k Kind) String() string {
 }
 
 // Kinds lists every Kind, in the order reports print them.
-var Kinds = []Kind{Executed, Replayed, Unknown, Mismatch, InProgress, Failed}
+var Kinds = []Kind{Executed, Replayed, Unknown, Mismatch, InProgress, NotFound, Failed}
 
 // A Call is one recorded call.
 type Call struct {
