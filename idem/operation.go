@@ -22,15 +22,17 @@ import (
 //	peek      op_peek.sql, no transaction: the stored answer (a replay,
 //	          ErrMismatch), or an owner at work (ErrInProgress), in one
 //	          round trip
-//	own       one short transaction: op_lock.sql (the key's advisory lock,
-//	          Do's), then op_begin.sql (the key's row 'unfinished', the
-//	          operation's row, token and lease; OperationConfig.OnStart)
-//	          or op_take.sql (a lease that ended: a new token), COMMIT
+//	own       one short transaction in two round trips: BEGIN and
+//	          op_lock.sql (the key's advisory lock, Do's), then op_begin.sql
+//	          (the key's row 'unfinished', the operation's row, token and
+//	          lease; OperationConfig.OnStart) or op_take.sql (a lease that
+//	          ended: a new token), with COMMIT
 //	steps     op_steps.sql reads what earlier owners recorded; each step not
 //	          recorded runs (steps.go): a database step in its own
-//	          transaction, fenced by op_fence.sql, recorded by op_record.sql
-//	          before its COMMIT; an external step with no transaction open,
-//	          recorded by op_record.sql after the call
+//	          transaction, BEGIN with op_fence.sql in one round trip, fn,
+//	          then op_record.sql with COMMIT in another; an external step
+//	          with no transaction open, recorded by op_record.sql after the
+//	          call
 //	complete  op_complete.sql, one statement: the answer under the key, the
 //	          operation's state deleted, fenced by the token
 //
@@ -421,48 +423,61 @@ type owned struct {
 }
 
 // own begins the operation, or takes it over from an owner whose lease
-// ended, in one short transaction.
+// ended, in one short transaction of two round trips: BEGIN with
+// op_lock.sql, then op_begin.sql or op_take.sql with COMMIT (with
+// OperationConfig.OnStart, op_begin.sql, the hook's statements and COMMIT
+// go one after the other).
 func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte, canBegin bool) (ow owned, err error) {
-	tx, err := o.pool.Begin(ctx)
+	pc, err := o.pool.Acquire(ctx)
 	if err != nil {
-		return ow, fmt.Errorf("idem: operation %q: begin: %w", o.name, err)
+		return ow, fmt.Errorf("idem: operation %q: acquire a connection: %w", o.name, err)
 	}
+	defer pc.Release()
+	conn := pc.Conn()
+	done := false
 	defer func() {
-		if err != nil {
-			dbtx.Rollback(ctx, tx)
+		if !done {
+			rollbackConn(ctx, conn)
 		}
 	}()
 	var (
 		locked       bool
 		hash, status *string
 		live         *bool
+		b            pgx.Batch
 	)
-	if err = tx.QueryRow(ctx, c.stmts.op.lock, c.scope, c.key, c.lockArg).Scan(&locked, &hash, &status, &live); err != nil {
+	b.Queue("begin")
+	b.Queue(c.stmts.op.lock, c.scope, c.key, c.lockArg).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&locked, &hash, &status, &live)
+	})
+	if err = conn.SendBatch(ctx, &b).Close(); err != nil {
 		return ow, fmt.Errorf("idem: operation %q: lock the key: %w", o.name, err)
 	}
+	isLive := live != nil && *live
 	switch {
 	case !locked:
 		return ow, ErrInProgress // a Do, or another caller, is claiming the key
-	case live != nil && *live && *status != statusUnfinished:
+	case isLive && *status != statusUnfinished:
 		return ow, errRaced
-	case live != nil && *live && *hash != c.reqHash:
+	case isLive && *hash != c.reqHash:
 		return ow, ErrMismatch
-	case live != nil && *live:
+	case isLive:
 		var (
 			free, overdue *bool
 			token         *int64
 			name          *string
 			unfinished    bool
 		)
-		err = tx.QueryRow(ctx, c.stmts.op.take, c.scope, c.key, o.lease.Microseconds()).
-			Scan(&free, &token, &name, &ow.request, &overdue, &unfinished)
+		_, failed, err := queryCommit(ctx, conn, c.stmts.op.take, []any{c.scope, c.key, o.lease.Microseconds()},
+			&free, &token, &name, &ow.request, &overdue, &unfinished)
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
+		if failed == 0 && errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 			return ow, ErrInProgress // the owner is inside a database step
 		}
-		if err != nil {
-			return ow, fmt.Errorf("idem: operation %q: take over: %w", o.name, err)
+		if err := o.ownCommitError(failed, 1, err, "take over"); err != nil {
+			return ow, err
 		}
+		done = true
 		switch {
 		case free == nil && !unfinished:
 			// The owner stored the answer since op_lock.sql looked (its
@@ -473,45 +488,104 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 		case !*free:
 			return ow, ErrInProgress
 		case *name != o.name:
+			// op_take.sql took it: end the lease it took at once.
+			_ = o.release(ctx, c, *token, ErrMismatch)
 			return ow, fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, *name, o.name)
 		}
 		ow.token, ow.overdue = *token, *overdue
+		return ow, nil
 	case !canBegin:
 		return ow, ErrNotFound
-	default:
-		stored, serr := o.sealRequest(ctx, c, reqData)
-		if serr != nil {
-			err = serr
+	}
+	stored, err := o.sealRequest(ctx, c, reqData)
+	if err != nil {
+		return ow, err
+	}
+	var deadline any
+	if o.cfg.Deadline > 0 {
+		deadline = o.cfg.Deadline.Microseconds()
+	}
+	args := []any{c.scope, c.key, c.reqHash, c.ttlMicro, o.name, stored, o.lease.Microseconds(), deadline}
+	if o.cfg.OnStart == nil {
+		noRow, failed, err := queryCommit(ctx, conn, c.stmts.op.begin, args, &ow.token)
+		if err := o.ownCommitError(failed, 1, err, "begin"); err != nil {
 			return ow, err
 		}
-		var deadline any
-		if o.cfg.Deadline > 0 {
-			deadline = o.cfg.Deadline.Microseconds()
-		}
-		err = tx.QueryRow(ctx, c.stmts.op.begin, c.scope, c.key, c.reqHash, c.ttlMicro,
-			o.name, stored, o.lease.Microseconds(), deadline).Scan(&ow.token)
-		if errors.Is(err, pgx.ErrNoRows) {
+		done = true
+		if noRow {
 			return ow, errRaced
 		}
-		if err != nil {
-			return ow, fmt.Errorf("idem: operation %q: begin: %w", o.name, err)
-		}
 		ow.fresh = true
-		if o.cfg.OnStart != nil {
-			if err = o.cfg.OnStart(ctx, tx, OperationRef{Operation: o.name, Scope: c.scope, Key: c.key}); err != nil {
-				return ow, fmt.Errorf("idem: operation %q: OnStart: %w", o.name, err)
-			}
-		}
+		return ow, nil
 	}
-	if err = tx.Commit(ctx); err != nil {
-		if dbtx.CommitOutcomeUnknown(err) {
-			// Whether this call owns the operation is unknown; either way a
-			// retry after the lease finds out.
-			return ow, fmt.Errorf("%w: operation %q: %w", ErrOutcomeUnknown, o.name, err)
-		}
-		return ow, fmt.Errorf("idem: operation %q: commit: %w", o.name, err)
+	err = conn.QueryRow(ctx, c.stmts.op.begin, args...).Scan(&ow.token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ow, errRaced
 	}
+	if err != nil {
+		return ow, fmt.Errorf("idem: operation %q: begin: %w", o.name, err)
+	}
+	tx := &connTx{conn: conn}
+	err = o.cfg.OnStart(ctx, tx, OperationRef{Operation: o.name, Scope: c.scope, Key: c.key})
+	tx.closed.Store(true)
+	if err != nil {
+		return ow, fmt.Errorf("idem: operation %q: OnStart: %w", o.name, err)
+	}
+	var last pgx.Batch
+	last.Queue("commit")
+	failed, err := execAll(conn.SendBatch(ctx, &last), 1)
+	if err := o.ownCommitError(failed, 0, err, "begin"); err != nil {
+		return ow, err
+	}
+	done = true
+	ow.fresh = true
 	return ow, nil
+}
+
+// ownCommitError classifies the round trip that carried own's COMMIT, at
+// index commitAt.
+func (o *Operation[Req, Resp]) ownCommitError(failed, commitAt int, err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	switch dbtx.ClassifyCommit(failed, commitAt, err) {
+	case dbtx.Committed:
+		return nil
+	case dbtx.Unknown:
+		// Whether this call owns the operation is unknown; either way a
+		// retry after the lease finds out.
+		return fmt.Errorf("%w: operation %q: %w", ErrOutcomeUnknown, o.name, err)
+	}
+	return fmt.Errorf("idem: operation %q: %s: %w", o.name, what, err)
+}
+
+// queryCommit sends sql, which returns at most one row, and COMMIT in one
+// round trip. It scans the row into dest, or reports noRow, and returns the
+// index of the first result that failed (0: sql, 1: COMMIT, 2: the end of
+// the round trip), for dbtx.ClassifyCommit.
+func queryCommit(ctx context.Context, conn *pgx.Conn, sql string, args []any, dest ...any) (noRow bool, failed int, err error) {
+	var b pgx.Batch
+	b.Queue(sql, args...)
+	b.Queue("commit")
+	br := conn.SendBatch(ctx, &b)
+	failed = -1
+	if serr := br.QueryRow().Scan(dest...); errors.Is(serr, pgx.ErrNoRows) {
+		noRow = true
+	} else if serr != nil {
+		_ = br.Close()
+		return false, 0, serr
+	}
+	tag, cerr := br.Exec()
+	switch {
+	case cerr != nil:
+		failed, err = 1, cerr
+	case tag.String() == "ROLLBACK":
+		failed, err = 1, pgx.ErrTxCommitRollback
+	}
+	if cerr := br.Close(); cerr != nil && err == nil {
+		failed, err = 2, cerr
+	}
+	return noRow, failed, err
 }
 
 // work runs the operation as its owner and stores its answer.

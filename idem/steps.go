@@ -93,52 +93,76 @@ func Step[T any](s *Steps, name string, fn func(ctx context.Context, tx pgx.Tx) 
 	return v, err
 }
 
-func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (v T, err error) {
+func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
 	var zero T
 	if err := s.live(); err != nil {
 		return zero, err
 	}
-	tx, err := s.pool.Begin(ctx)
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return zero, fmt.Errorf("idem: step %q: begin: %w", name, err)
+		return zero, fmt.Errorf("idem: step %q: acquire a connection: %w", name, err)
 	}
+	// Release discards a connection left inside a transaction.
+	defer pc.Release()
+	conn := pc.Conn()
 	committed := false
 	defer func() {
-		if !committed {
-			dbtx.Rollback(ctx, tx)
+		if !committed { // an error, or a panic on its way up
+			rollbackConn(ctx, conn)
 		}
 	}()
-	var set string
-	err = tx.QueryRow(ctx, s.c.stmts.op.fence, s.c.scope, s.c.key, s.lease.token,
-		s.lease.micros, s.idle()).Scan(&set)
-	if errors.Is(err, pgx.ErrNoRows) {
+
+	// BEGIN and the fence travel in one round trip, as do the record and
+	// COMMIT: a step costs two round trips beyond fn's own statements, as
+	// Do does. fn gets the pipeline's transaction through connTx.
+	var (
+		b      pgx.Batch
+		set    string
+		fenced = true
+	)
+	b.Queue("begin")
+	b.Queue(s.c.stmts.op.fence, s.c.scope, s.c.key, s.lease.token, s.lease.micros, s.idle()).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&set)
+		if errors.Is(err, pgx.ErrNoRows) {
+			fenced = false
+			return nil
+		}
+		return err
+	})
+	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
+		return zero, fmt.Errorf("idem: step %q: %w", name, err)
+	}
+	if !fenced {
 		s.lease.lose()
 		return zero, fmt.Errorf("%w: step %q did not run", ErrLeaseLost, name)
 	}
-	if err != nil {
-		return zero, fmt.Errorf("idem: step %q: %w", name, err)
-	}
-	v, err = fn(ctx, tx)
+	tx := &connTx{conn: conn}
+	v, err := fn(ctx, tx)
+	tx.closed.Store(true)
 	if err != nil {
 		return zero, err
+	}
+	if !conn.IsClosed() && conn.PgConn().TxStatus() == 'I' {
+		// fn sent COMMIT or ROLLBACK itself: its writes may have committed
+		// without the step's record.
+		return zero, fmt.Errorf("%w (step %q)", ErrTxEnded, name)
 	}
 	data, stored, err := encodeStep(ctx, s, name, v)
 	if err != nil {
 		return zero, err
 	}
-	var one int
-	if err = tx.QueryRow(ctx, s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros).Scan(&one); err != nil {
-		// op_fence.sql's lock keeps the token from changing in between.
-		return zero, fmt.Errorf("idem: step %q: record: %w", name, err)
+	var last pgx.Batch
+	last.Queue(s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros)
+	last.Queue("commit")
+	failed, err := execAll(conn.SendBatch(ctx, &last), last.Len())
+	switch dbtx.ClassifyCommit(failed, 1, err) {
+	case dbtx.Committed:
+		committed = true
+		return stored, nil
+	case dbtx.Unknown:
+		return zero, fmt.Errorf("%w: step %q: %w", ErrOutcomeUnknown, name, err)
 	}
-	committed = true
-	if err := tx.Commit(ctx); err != nil {
-		if dbtx.CommitOutcomeUnknown(err) {
-			return zero, fmt.Errorf("%w: step %q: %w", ErrOutcomeUnknown, name, err)
-		}
-		return zero, fmt.Errorf("idem: step %q: commit: %w", name, err)
-	}
-	return stored, nil
+	return zero, fmt.Errorf("idem: step %q: record: %w", name, err)
 }
 
 // External runs fn as the external step name of the operation: a call to
