@@ -663,6 +663,13 @@ func (o *Operation[Req, Resp]) release(ctx context.Context, c *call, token int64
 		msg = msg[:1000]
 	}
 	_, err := o.pool.Exec(ctx, c.stmts.op.release, c.scope, c.key, token, msg)
+	if err != nil && Retryable(err) {
+		// The pool may have handed out a connection that had died (the
+		// fault that stopped the owner, often); the pool drops it, and a
+		// second try on another frees the operation now rather than after
+		// its lease.
+		_, err = o.pool.Exec(ctx, c.stmts.op.release, c.scope, c.key, token, msg)
+	}
 	return err
 }
 

@@ -8,7 +8,7 @@
 -- Returns one row while the owner holds the operation, none after it lost
 -- it.
 UPDATE idempotency_keys_operations
-SET lease_until = now() + $4::bigint * interval '1 microsecond'
+SET lease_until = clock_timestamp() + $4::bigint * interval '1 microsecond'
 WHERE scope = $1 AND idempotency_key = $2 AND token = $3
 RETURNING CASE WHEN $5::text IS NULL THEN ''
                ELSE set_config('idle_in_transaction_session_timeout', $5::text, true) END

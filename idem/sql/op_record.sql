@@ -9,7 +9,7 @@
 -- operation's.
 WITH f AS (
     UPDATE idempotency_keys_operations
-    SET lease_until = now() + $6::bigint * interval '1 microsecond'
+    SET lease_until = clock_timestamp() + $6::bigint * interval '1 microsecond'
     WHERE scope = $1 AND idempotency_key = $2 AND token = $3
     RETURNING 1
 )
