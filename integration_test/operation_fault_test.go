@@ -417,7 +417,7 @@ func runSweepCase(t *testing.T, r *opRig, key string, c sweepCase, table *sweepT
 			}
 			return r.inject(ctx, hctx, c, tx, cancelRun)
 		})
-		resp, outcome, err, panicked := runRecovering(runCtx, owner, key, req)
+		resp, outcome, panicked, err := runRecovering(runCtx, owner, key, req)
 		switch {
 		case panicked != nil:
 			if panicked != sweepPanic {
@@ -536,10 +536,10 @@ func onceRule(match faultproxy.Match, act func() faultproxy.Action) faultproxy.R
 }
 
 // runRecovering runs op and returns the panic it threw, if any.
-func runRecovering(ctx context.Context, op *idem.Operation[chargeReq, chargeResp], key string, req chargeReq) (resp chargeResp, outcome idem.Outcome, err error, panicked any) {
+func runRecovering(ctx context.Context, op *idem.Operation[chargeReq, chargeResp], key string, req chargeReq) (resp chargeResp, outcome idem.Outcome, panicked any, err error) {
 	defer func() { panicked = recover() }()
 	resp, outcome, err = op.Run(ctx, key, req)
-	return resp, outcome, err, nil
+	return resp, outcome, nil, err
 }
 
 // errClass names what err is, briefly, for the table.

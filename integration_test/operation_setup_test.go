@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -165,6 +164,3 @@ func (s *opSetup) unfinished() int {
 	return s.count("SELECT count(*) FROM idempotency_keys WHERE status = 'unfinished'") +
 		s.count("SELECT count(*) FROM idempotency_keys_operations")
 }
-
-// waitLease sleeps until a lease of d taken now has surely ended.
-func waitLease(d time.Duration) { time.Sleep(d + d/2) }
