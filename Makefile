@@ -17,7 +17,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-long test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test test-long test-tools check-modules-build test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,16 +26,35 @@ postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it, an
 	@./scripts/ensure-postgres.sh
 	@./scripts/ensure-partman.sh
 
+# What make test runs go test -race in (scripts/test-modules.sh, three at a
+# time): integration_test as two processes (the tests named by TEST_SPLIT,
+# and the others; three were slower, the cores being busy), the root
+# module's other packages, and every nested module's packages, but of
+# tools, whose tests check the drivers rather than the library, only
+# openapicheck (idemhttp's OpenAPI components); make test-tools runs the
+# rest.
+TEST_SPLIT := ^Test[A-H]
+TEST_SPECS := .:./integration_test@$(TEST_SPLIT) .:!./integration_test $(filter-out . tools,$(MODULES)) tools:./openapicheck
+# go test -parallel for make test: most tests wait on their database (each
+# has one of its own) or on a timer rather than on the cores. Measured: the
+# busiest test process held 30 connections, the whole of make test 55, of
+# the server's 100.
+TEST_PARALLEL ?= 8
+TEST_JOBS ?= 3
+
 test: postgres fmt-check vet tidy-check generate-check check-large-files check-modules ## Every module's tests against a real PostgreSQL, with -race, fuzz seeds included (the long suites are make test-long); target: under 3 minutes.
 	@$(GO) run ./internal/testdb/which
-	@status=0; for m in $(MODULES); do \
-	  echo "go test -race ./... in $$m"; \
-	  (cd $$m && $(GO) test -race -count=1 ./...) || status=1; \
-	done; exit $$status
+	@./scripts/test-modules.sh -j $(TEST_JOBS) -p $(TEST_PARALLEL) $(foreach s,$(TEST_SPECS),'$(s)')
 
-test-long: postgres generate-check-full test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration; about 20 minutes.
+test-long: postgres generate-check-full check-modules-build test-tools test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: the tools module's tests, IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration, every module built and linked; about 25 minutes.
 
-test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1 (scripts/test-long.sh finds them): the exec-mode x isolation matrix, the crash tests that need no root (TestSettleThroughKills, the demo's TestPlay).
+test-tools: postgres ## The tests of the tools module (the load, crash and mutation drivers' checks; make test runs only its openapicheck).
+	@./scripts/test-modules.sh tools
+
+check-modules-build: ## check-modules, with every package of every module compiled and every command linked (go build ./...).
+	@CHECK_MODULES_LINK=1 ./scripts/check-modules.sh $(MODULES)
+
+test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1 (scripts/test-long.sh finds them): the exec-mode x isolation matrix, the full sweeps of which make test runs a part (TestVariantsLong, TestFaultWireLong, ...), the crash tests that need no root (TestSettleThroughKills, the demo's TestPlay).
 	@./scripts/test-long.sh $(MODULES)
 
 test-linearizability: postgres ## The long linearizability run: several seeds for minutes each, while backends are terminated.
@@ -44,7 +63,7 @@ test-linearizability: postgres ## The long linearizability run: several seeds fo
 check-large-files: ## Fail on any file git tracks (or would add) over 1 MB that is not generated code.
 	@./scripts/check-large-files.sh
 
-check-modules: ## Fail unless every module builds without a go.work from a clone's files and could be published (module zip checks).
+check-modules: ## Fail unless every module loads without a go.work from a clone's files (go.sum complete) and could be published (module zip checks); vet type-checks it all.
 	@./scripts/check-modules.sh $(MODULES)
 
 settle-test: postgres ## The payments example's long settlement test: SIGKILLs, a database restart (a cluster of its own; root), a faulty processor.

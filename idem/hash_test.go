@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -370,17 +371,34 @@ func TestCanonicalJSONDepth(t *testing.T) {
 	}
 }
 
-// TestCanonicalJSONStringsAsMarshal checks every Unicode scalar value: a
-// string canonicalizes to what json.Marshal writes for it, whether the input
-// spells its characters raw or as \u escapes (surrogate pairs beyond the
-// BMP). Fingerprints of strings thus stay what they were.
+// TestCanonicalJSONStringsAsMarshal checks Unicode scalar values: a string
+// canonicalizes to what json.Marshal writes for it, whether the input spells
+// its characters raw or as \u escapes (surrogate pairs beyond the BMP).
+// Fingerprints of strings thus stay what they were. It checks the BMP, the
+// first plane beyond it (4-byte UTF-8, surrogate pairs) and the last 256
+// values; TestCanonicalJSONStringsAsMarshalLong checks every value.
 func TestCanonicalJSONStringsAsMarshal(t *testing.T) {
 	t.Parallel()
+	canonicalJSONStringsAsMarshal(t, func(r rune) bool { return r <= 0x1ffff || r > utf8.MaxRune-256 })
+}
+
+// TestCanonicalJSONStringsAsMarshalLong is TestCanonicalJSONStringsAsMarshal
+// over every Unicode scalar value.
+func TestCanonicalJSONStringsAsMarshalLong(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("every Unicode scalar value: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
+	t.Parallel()
+	canonicalJSONStringsAsMarshal(t, func(rune) bool { return true })
+}
+
+// canonicalJSONStringsAsMarshal checks the scalar values that in accepts.
+func canonicalJSONStringsAsMarshal(t *testing.T, in func(rune) bool) {
 	var raw strings.Builder
 	var escaped bytes.Buffer
 	escaped.WriteByte('"')
 	for r := rune(0); r <= utf8.MaxRune; r++ {
-		if r >= 0xd800 && r < 0xe000 {
+		if r >= 0xd800 && r < 0xe000 || !in(r) {
 			continue
 		}
 		raw.WriteRune(r)
@@ -430,12 +448,29 @@ func TestCanonicalJSONKeepsFingerprints(t *testing.T) {
 	}
 }
 
-// TestCanonicalJSONMatchesEncodingJSON checks generated documents, their
-// members in random order and nested up to 8 deep, against encoding/json:
-// decoded and marshaled again, a map's keys come out sorted by their UTF-8
-// bytes and its strings escaped as CanonicalJSON must escape them.
+// TestCanonicalJSONMatchesEncodingJSON checks 300 generated documents,
+// their members in random order and nested up to 8 deep, against
+// encoding/json: decoded and marshaled again, a map's keys come out sorted
+// by their UTF-8 bytes and its strings escaped as CanonicalJSON must escape
+// them.
 func TestCanonicalJSONMatchesEncodingJSON(t *testing.T) {
 	t.Parallel()
+	canonicalJSONMatchesEncodingJSON(t, 300)
+}
+
+// TestCanonicalJSONMatchesEncodingJSONLong is
+// TestCanonicalJSONMatchesEncodingJSON over 2000 documents (the same 300
+// first).
+func TestCanonicalJSONMatchesEncodingJSONLong(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("2000 documents: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
+	t.Parallel()
+	canonicalJSONMatchesEncodingJSON(t, 2000)
+}
+
+// canonicalJSONMatchesEncodingJSON checks n generated documents.
+func canonicalJSONMatchesEncodingJSON(t *testing.T, n int) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	keys := []string{"a", "b", "Z", "é", "💳", "a b", "<&>", `\u2028`, `k\n`, `\"q`, "id", "amount", ""}
 	var gen func(b *strings.Builder, depth int)
@@ -466,7 +501,7 @@ func TestCanonicalJSONMatchesEncodingJSON(t *testing.T) {
 			fmt.Fprintf(b, `"%s"`, keys[rng.IntN(len(keys))])
 		}
 	}
-	for range 2000 {
+	for range n {
 		var b strings.Builder
 		gen(&b, 0)
 		doc := b.String()

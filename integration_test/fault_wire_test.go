@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -65,12 +66,34 @@ var wireFaults = []wireFault{
 }
 
 // TestFaultWire cuts one Do call at each point of wireFaults, over a pool,
-// a connection and an outer transaction, then retries the key through a
-// healthy connection until it succeeds.
-func TestFaultWire(t *testing.T) {
-	for _, path := range []string{"pool", "conn", "outer_tx"} {
-		for _, f := range wireFaults {
+// a connection or an outer transaction in turn (each point over one of
+// them; TestFaultWireLong runs each over all three), then retries the key
+// through a healthy connection until it succeeds.
+func TestFaultWire(t *testing.T) { faultWire(t, false) }
+
+// TestFaultWireLong is TestFaultWire with each point over a pool, a
+// connection and an outer transaction.
+func TestFaultWireLong(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("every fault point over every handle: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
+	faultWire(t, true)
+}
+
+func faultWire(t *testing.T, all bool) {
+	paths := []string{"pool", "conn", "outer_tx"}
+	for _, path := range paths {
+		for i, f := range wireFaults {
 			if f.onConnOnly && path == "outer_tx" {
+				continue
+			}
+			// One path per point: the next in turn, or the pool for a
+			// point an outer transaction cannot have.
+			turn := paths[i%len(paths)]
+			if f.onConnOnly && turn == "outer_tx" {
+				turn = "pool"
+			}
+			if !all && path != turn {
 				continue
 			}
 			t.Run(path+"/"+f.name, func(t *testing.T) {

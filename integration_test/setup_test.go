@@ -2,6 +2,11 @@ package integration_test
 
 import (
 	"context"
+	"hash/fnv"
+	"maps"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,17 +163,92 @@ var variants = []variant{
 // forEachVariant runs body as a parallel subtest per variant and layout
 // (plain/pool, ..., partitioned/outer_tx), each on its own database: the
 // contract holds on both layouts of the key table.
+//
+// make test runs three of the six, one per protocol of tx.go: plain/pool
+// or plain/conn (the key's row written at completion), plain/outer_tx (the
+// row inserted at the claim, in a savepoint), and partitioned with one of
+// the three handles (inserted at the claim), the handles chosen from the
+// test's name (shortVariants) so that the tests together run all six. Each
+// database is a CREATE DATABASE, which costs the server more than most
+// tests' work. With IDEM_TEST_LONG=1 it runs all six: make test-long runs
+// the tests of variantTests so, through TestVariantsLong.
 func forEachVariant(t *testing.T, body func(t *testing.T, s *setup, v variant)) {
 	t.Helper()
-	for _, l := range layouts {
+	name, _, _ := strings.Cut(strings.TrimPrefix(t.Name(), "TestVariantsLong/"), "/")
+	if _, ok := variantTests[name]; !ok {
+		t.Fatalf("%s calls forEachVariant: add it to variantTests (setup_test.go), so that make test-long runs all its variants", name)
+	}
+	all := os.Getenv("IDEM_TEST_LONG") == "1"
+	short := shortVariants(name)
+	for li, l := range layouts {
 		t.Run(l.name, func(t *testing.T) {
-			for _, v := range variants {
+			for vi, v := range variants {
+				if !all && !short[li][vi] {
+					continue
+				}
 				t.Run(v.name, func(t *testing.T) {
 					t.Parallel()
 					body(t, newSetupLayout(t, l), v)
 				})
 			}
 		})
+	}
+}
+
+// shortVariants returns, by layout and variant, the variants make test runs
+// the test called name with (see forEachVariant): on the plain layout the
+// pool or the connection, picked by a hash of the name, and the outer
+// transaction; on the partitioned layout one of the three, picked by the
+// same hash.
+func shortVariants(name string) [2][3]bool {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	p := int(h.Sum32() % 6)
+	var short [2][3]bool
+	short[0][p%2] = true // pool or conn
+	short[0][2] = true   // outer_tx
+	short[1][p/2] = true
+	return short
+}
+
+// variantTests are the tests that call forEachVariant, which TestVariantsLong
+// runs over all six variants. It is filled in init: as a variable's
+// initializer it would be a cycle (the tests call forEachVariant, which
+// reads it).
+var variantTests map[string]func(*testing.T)
+
+func init() {
+	variantTests = map[string]func(*testing.T){
+		"TestClaimRaceCommitAfterSnapshot":     TestClaimRaceCommitAfterSnapshot,
+		"TestCommitFailureRollsBackKeyAndWork": TestCommitFailureRollsBackKeyAndWork,
+		"TestCommittedInProgressRowIsReplaced": TestCommittedInProgressRowIsReplaced,
+		"TestErrorsThatHelp":                   TestErrorsThatHelp,
+		"TestExpiry":                           TestExpiry,
+		"TestExternalCallWithDerivedKey":       TestExternalCallWithDerivedKey,
+		"TestFailuresAreNotStored":             TestFailuresAreNotStored,
+		"TestHostileBodyChangesBetweenRetries": TestHostileBodyChangesBetweenRetries,
+		"TestHostileKeysRoundTrip":             TestHostileKeysRoundTrip,
+		"TestInProgressAnswersAtOnce":          TestInProgressAnswersAtOnce,
+		"TestLargeObjectsInFn":                 TestLargeObjectsInFn,
+		"TestLargeResult":                      TestLargeResult,
+		"TestMismatch":                         TestMismatch,
+		"TestOneTransaction":                   TestOneTransaction,
+		"TestRefusalIsStoredAndReplayed":       TestRefusalIsStoredAndReplayed,
+		"TestRefusalTextJSONBCannotHold":       TestRefusalTextJSONBCannotHold,
+		"TestReplay":                           TestReplay,
+		"TestScopes":                           TestScopes,
+		"TestTransactionHandedToFn":            TestTransactionHandedToFn,
+	}
+}
+
+// TestVariantsLong runs every test that calls forEachVariant over the six
+// layout × handle variants, of which make test runs three.
+func TestVariantsLong(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("every layout × handle variant of the contract tests: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
+	for _, name := range slices.Sorted(maps.Keys(variantTests)) {
+		t.Run(name, variantTests[name])
 	}
 }
 

@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -16,7 +17,24 @@ import (
 // a key row committed on its own, after fn's work rolled back, would replay
 // a charge that never happened; a row stored outside the claim's transaction
 // is not the key's guarantee.
-func TestFnEndsTransaction(t *testing.T) {
+//
+// make test runs every ending under each protocol of tx.go: on the plain
+// layout over the outer transaction, and over the pool or the connection
+// in turn; on the partitioned layout over each handle in turn (18 of the
+// 36). TestFnEndsTransactionLong runs every ending over every handle on
+// both layouts.
+func TestFnEndsTransaction(t *testing.T) { fnEndsTransaction(t, false) }
+
+// TestFnEndsTransactionLong is TestFnEndsTransaction over every ending,
+// layout and handle.
+func TestFnEndsTransactionLong(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") != "1" {
+		t.Skip("every ending on every layout and handle: make test-long runs it (IDEM_TEST_LONG=1)")
+	}
+	fnEndsTransaction(t, true)
+}
+
+func fnEndsTransaction(t *testing.T, all bool) {
 	ctx := context.Background()
 	type ending struct {
 		name string
@@ -34,9 +52,17 @@ func TestFnEndsTransaction(t *testing.T) {
 		{"commit_begin_then_success", []string{"commit", "begin"}, false, true},
 		{"rollback_begin_then_success", []string{"rollback", "begin"}, false, false},
 	}
+	paths := []string{"pool", "conn", "outer_tx"}
 	for _, l := range layouts {
-		for _, path := range []string{"pool", "conn", "outer_tx"} {
-			for _, e := range endings {
+		for pi, path := range paths {
+			for ei, e := range endings {
+				short := ei%len(paths) == pi // partitioned: each handle in turn
+				if l.name == plain.name {
+					short = path == "outer_tx" || ei%2 == pi // plain: outer_tx, and pool or conn in turn
+				}
+				if !all && !short {
+					continue
+				}
 				t.Run(l.name+"/"+path+"/"+e.name, func(t *testing.T) {
 					t.Parallel()
 					s := newSetupLayout(t, l)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Fails unless every Go module of the repository builds from what a clone
 # holds, and can be published:
-#  - every package of each module compiles with no go.work and a read-only
-#    go.mod, so go.sum is complete and no workspace of the developer's is
-#    needed (CHECK_MODULES_LINK=1: go build ./..., commands linked too);
+#  - every package of each module, and every package its tests import,
+#    loads with no go.work and a read-only go.mod, so go.sum is complete and
+#    no workspace of the developer's is needed (go vet, which make test runs
+#    first, type-checks them all; CHECK_MODULES_LINK=1: go build ./...,
+#    every package compiled and every command linked, as make test-long
+#    does);
 #  - every replace of a module points inside the repository;
 #  - no file that a package, its tests or its //go:embed use is ignored by
 #    git (a clone would not have it);
@@ -27,14 +30,15 @@ for f in CgoFiles EmbedFiles TestGoFiles XTestGoFiles TestEmbedFiles XTestEmbedF
 done
 
 for m in "$@"; do
-  # Every package is compiled (go list -export runs the compiler, whose
-  # output go vet has mostly cached) but commands are not linked: linking
-  # every binary costs more than the rest of this check together.
-  # CHECK_MODULES_LINK=1 runs go build ./..., which links them too.
+  # Loading every package with its tests' imports finds a missing go.sum
+  # line or an import that no required module provides; compiling them
+  # (what go build adds, seconds per module in a fresh clone, where no
+  # package of the repository is in the build cache) is left to
+  # CHECK_MODULES_LINK=1, which links the commands too.
   if [ "${CHECK_MODULES_LINK:-}" = 1 ]; then
     (cd "$m" && go build ./...) || fail "module $m does not build with GOWORK=off -mod=readonly"
   else
-    (cd "$m" && go list -export -f '' ./... >/dev/null) || fail "module $m does not compile with GOWORK=off -mod=readonly"
+    (cd "$m" && go list -deps -test -f '' ./... >/dev/null) || fail "module $m does not load with GOWORK=off -mod=readonly"
   fi
   while read -r dir; do
     [ -z "$dir" ] && continue

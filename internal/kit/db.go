@@ -71,7 +71,27 @@ func OpenDB(ctx context.Context, db idem.Beginner, table string, ignore []string
 			return err
 		}
 		d.skip = append(d.skip, name)
-		rows, err := tx.Query(ctx, resolveTablesSQL, ignore)
+		// The state of idem's unfinished operations (schema/002) is idem's,
+		// as the key table is: left out wherever it exists.
+		idemTables := []string{t.Relation("_operations"), t.Relation("_steps")}
+		rows, err := tx.Query(ctx, resolveTablesSQL, idemTables)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var given string
+			var resolved *string
+			if err := rows.Scan(&given, &resolved); err != nil {
+				return err
+			}
+			if resolved != nil {
+				d.skip = append(d.skip, *resolved)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, resolveTablesSQL, ignore)
 		if err != nil {
 			return err
 		}
