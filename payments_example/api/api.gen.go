@@ -661,11 +661,6 @@ type AccountCreated struct {
 
 // BodyTooLargeProblem defines model for BodyTooLargeProblem.
 type BodyTooLargeProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                   `json:"detail,omitempty"`
@@ -702,11 +697,6 @@ type Charge struct {
 
 // ChargeBadRequestProblem defines model for ChargeBadRequestProblem.
 type ChargeBadRequestProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                       `json:"detail,omitempty"`
@@ -759,11 +749,6 @@ type ChargeRequest struct {
 
 // ChargeServerErrorProblem defines model for ChargeServerErrorProblem.
 type ChargeServerErrorProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                        `json:"detail,omitempty"`
@@ -821,11 +806,6 @@ type IdempotencyKey = string
 
 // InProgressProblem defines model for InProgressProblem.
 type InProgressProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                 `json:"detail,omitempty"`
@@ -845,11 +825,6 @@ type InProgressProblemType string
 
 // InsufficientFundsProblem defines model for InsufficientFundsProblem.
 type InsufficientFundsProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                        `json:"detail,omitempty"`
@@ -869,11 +844,6 @@ type InsufficientFundsProblemType string
 
 // InternalErrorProblem defines model for InternalErrorProblem.
 type InternalErrorProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                    `json:"detail,omitempty"`
@@ -893,11 +863,6 @@ type InternalErrorProblemType string
 
 // KeyMismatchProblem defines model for KeyMismatchProblem.
 type KeyMismatchProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                  `json:"detail,omitempty"`
@@ -917,11 +882,6 @@ type KeyMismatchProblemType string
 
 // NoSuchAccountProblem defines model for NoSuchAccountProblem.
 type NoSuchAccountProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                    `json:"detail,omitempty"`
@@ -941,11 +901,6 @@ type NoSuchAccountProblemType string
 
 // NoSuchPaymentProblem defines model for NoSuchPaymentProblem.
 type NoSuchPaymentProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                    `json:"detail,omitempty"`
@@ -965,11 +920,6 @@ type NoSuchPaymentProblemType string
 
 // NotImplementedProblem defines model for NotImplementedProblem.
 type NotImplementedProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                     `json:"detail,omitempty"`
@@ -1001,11 +951,6 @@ type Payment struct {
 
 // PaymentBadRequestProblem defines model for PaymentBadRequestProblem.
 type PaymentBadRequestProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                        `json:"detail,omitempty"`
@@ -1037,11 +982,6 @@ type PaymentRequest struct {
 
 // PaymentServerErrorProblem defines model for PaymentServerErrorProblem.
 type PaymentServerErrorProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                         `json:"detail,omitempty"`
@@ -1076,11 +1016,6 @@ type PaymentStatus struct {
 
 // PaymentUnavailableProblem defines model for PaymentUnavailableProblem.
 type PaymentUnavailableProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                         `json:"detail,omitempty"`
@@ -1100,11 +1035,6 @@ type PaymentUnavailableProblemType string
 
 // PaymentsInvalidRequestProblem defines model for PaymentsInvalidRequestProblem.
 type PaymentsInvalidRequestProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                             `json:"detail,omitempty"`
@@ -1124,11 +1054,6 @@ type PaymentsInvalidRequestProblemType string
 
 // Problem An RFC 9457 problem detail (application/problem+json).
 type Problem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string `json:"detail,omitempty"`
@@ -1148,11 +1073,6 @@ type Problem struct {
 
 // TooManyRequestsProblem defines model for TooManyRequestsProblem.
 type TooManyRequestsProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                      `json:"detail,omitempty"`
@@ -1172,11 +1092,6 @@ type TooManyRequestsProblemType string
 
 // UnauthorizedProblem defines model for UnauthorizedProblem.
 type UnauthorizedProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                   `json:"detail,omitempty"`
@@ -1196,11 +1111,6 @@ type UnauthorizedProblemType string
 
 // UnavailableProblem defines model for UnavailableProblem.
 type UnavailableProblem struct {
-	// Code For `/problems/refused` only: the stable, machine-readable
-	// reason the operation refused the request, e.g.
-	// `insufficient_funds`.
-	Code *string `json:"code,omitempty"`
-
 	// Detail A human-readable explanation of this occurrence. It never
 	// repeats client input.
 	Detail   *string                  `json:"detail,omitempty"`
