@@ -127,7 +127,7 @@ test-pgbouncer: postgres ## Run the integration suite through PgBouncer in trans
 	./scripts/test-pgbouncer.sh
 
 mutate: postgres ## Put each deliberate bug of scripts/mutations/mutations.txt into a scratch copy; the tests must catch every one.
-	cd tools && IDEM_TEST_LONG=1 $(GO) run ./idem-mutate $(MUTATE_FLAGS)
+	cd tools && IDEM_TEST_LONG=1 $(GO) run ./idem-mutate -timeout 20m $(MUTATE_FLAGS)
 
 mutate-broad: postgres ## Gremlins' generated mutations of idem's pure logic (keys, hashes, canonical JSON), in a scratch copy.
 	@./scripts/mutate-broad.sh

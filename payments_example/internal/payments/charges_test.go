@@ -35,10 +35,12 @@ import (
 const liveness = 60 * time.Second
 
 // The charges' lease and their completer jobs' delay: short, so that the
-// tests wait for River's scheduler rather than for a lease.
+// tests wait mostly for River's scheduler (up to 5 s), yet long enough that
+// the processor call (its timeout is half the lease) finishes on a loaded
+// machine.
 const (
-	chargeLease    = 200 * time.Millisecond
-	completerAfter = 300 * time.Millisecond
+	chargeLease    = 2 * time.Second
+	completerAfter = 2500 * time.Millisecond
 )
 
 // chargeEnv is the service as the command wires it with a processor:
