@@ -337,6 +337,8 @@ func (o *Operation[Req, Resp]) settle(ctx context.Context, c *call, req *Req, re
 			return replay[Resp](ctx, c, p.rec)
 		case p.rec != nil && p.rec.requestHash != c.reqHash:
 			return zero, OutcomeMismatch, ErrMismatch
+		case p.orphan:
+			return zero, OutcomeFailed, fmt.Errorf("%w: the key is unfinished and has no operation state (was %s_operations changed by hand?)", ErrCorruptRecord, c.s.table)
 		case p.rec != nil && p.leaseRunning:
 			return zero, OutcomeInProgress, ErrInProgress
 		}
@@ -396,6 +398,11 @@ func (o *Operation[Req, Resp]) checkLayout(ctx context.Context) error {
 type peeked struct {
 	rec          *record
 	leaseRunning bool
+	// orphan: the key is unfinished and no operation row exists. One
+	// statement reads both rows, and every statement that writes one
+	// writes the other (op_begin.sql, op_complete.sql, forget.sql), so
+	// only a hand edit leaves a key so.
+	orphan bool
 }
 
 func (o *Operation[Req, Resp]) peek(ctx context.Context, c *call) (peeked, error) {
@@ -411,7 +418,11 @@ func (o *Operation[Req, Resp]) peek(ctx context.Context, c *call) (peeked, error
 	if err != nil {
 		return peeked{}, tableError(c.s.table, "operation "+o.name+": look up key", err)
 	}
-	return peeked{rec: &rec, leaseRunning: lease != nil && *lease}, nil
+	return peeked{
+		rec:          &rec,
+		leaseRunning: lease != nil && *lease,
+		orphan:       rec.status == statusUnfinished && lease == nil,
+	}, nil
 }
 
 // owned is an owner's hold on an operation.
@@ -466,10 +477,9 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			free, overdue *bool
 			token         *int64
 			name          *string
-			unfinished    bool
 		)
 		_, failed, err := queryCommit(ctx, conn, c.stmts.op.take, []any{c.scope, c.key, o.lease.Microseconds()},
-			&free, &token, &name, &ow.request, &overdue, &unfinished)
+			&free, &token, &name, &ow.request, &overdue)
 		var pgErr *pgconn.PgError
 		if failed == 0 && errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 			return ow, ErrInProgress // the owner is inside a database step
@@ -479,12 +489,15 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 		}
 		done = true
 		switch {
-		case free == nil && !unfinished:
-			// The owner stored the answer since op_lock.sql looked (its
-			// completion takes no advisory lock): the next look replays it.
-			return ow, errRaced
 		case free == nil:
-			return ow, fmt.Errorf("%w: the key is unfinished and has no operation state (was %s_operations changed by hand?)", ErrCorruptRecord, c.s.table)
+			// The owner stored the answer since op_lock.sql looked (its
+			// completion takes no advisory lock), and the next look replays
+			// it. unfinished cannot tell that from a corrupt key: the
+			// completion may commit after op_take.sql's snapshot, which
+			// still sees the key unfinished, and before its lock, which then
+			// finds the operation's row deleted. The next look (op_peek.sql,
+			// a new snapshot) tells them apart.
+			return ow, errRaced
 		case !*free:
 			return ow, ErrInProgress
 		case *name != o.name:

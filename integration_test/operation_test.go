@@ -204,3 +204,48 @@ func TestOperationResume(t *testing.T) {
 		t.Fatalf("reservations %d, receipts %d, charges %d", res, rec, s.proc.charged())
 	}
 }
+
+// A key left unfinished without its operation's row (a hand edit) is
+// reported as corrupt, by Run and by Resume alike, and no step runs: the
+// steps would run again without their records.
+func TestOperationWithoutItsStateIsCorrupt(t *testing.T) {
+	t.Parallel()
+	s := newOpSetup(t, nil)
+	ctx := context.Background()
+	failing := true
+	var mu sync.Mutex
+	op := s.operation(map[string]func(context.Context) error{
+		"charge": func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if failing {
+				return errors.New("the processor's answer was lost")
+			}
+			return nil
+		},
+	}, nil)
+	if _, _, err := op.Run(ctx, "k", chargeReq{Amount: 700}); err == nil {
+		t.Fatal("first Run succeeded; want it to stop after the charge")
+	}
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	s.exec("DELETE FROM idempotency_keys_operations")
+	for name, call := range map[string]func() (idem.Outcome, error){
+		"Run": func() (idem.Outcome, error) {
+			_, outcome, err := op.Run(ctx, "k", chargeReq{Amount: 700})
+			return outcome, err
+		},
+		"Resume": func() (idem.Outcome, error) { return op.Resume(ctx, "", "k") },
+	} {
+		if outcome, err := call(); !errors.Is(err, idem.ErrCorruptRecord) || outcome != idem.OutcomeFailed {
+			t.Fatalf("%s: %v, %v; want ErrCorruptRecord", name, outcome, err)
+		}
+	}
+	if res, receipts := s.rowsOf("k"); res != 1 || receipts != 0 {
+		t.Fatalf("reservations %d, receipts %d; want the first Run's reservation only", res, receipts)
+	}
+	if calls := s.proc.callCount(); calls != 1 {
+		t.Fatalf("%d processor calls; want the first Run's one", calls)
+	}
+}

@@ -5,8 +5,7 @@
 -- Returns one row: free (null: no operation row; false: the lease is still
 -- running, or the owner is inside a database step, whose transaction holds
 -- the operation's row), and, when taken, the new token, the operation's
--- name, its stored request and whether its deadline has passed; and
--- whether the key is still 'unfinished'.
+-- name, its stored request and whether its deadline has passed.
 -- NOWAIT makes an owner inside a step answer "in progress" at once: that
 -- step's writes and its record commit or roll back under the old token,
 -- and no takeover happens in between.
@@ -24,11 +23,6 @@ up AS (
     WHERE scope = $1 AND idempotency_key = $2 AND (SELECT free FROM o)
     RETURNING token, operation, request, coalesce(deadline_at <= now(), false) AS overdue
 )
-SELECT (SELECT free FROM o), up.token, up.operation, up.request, up.overdue,
-       -- Without an operation row: whether the key is still unfinished (its
-       -- state is gone: corrupt) or the owner stored its answer after the
-       -- caller's look (a replay, for the next look).
-       EXISTS (SELECT 1 FROM idempotency_keys
-               WHERE scope = $1 AND idempotency_key = $2 AND status = 'unfinished')
+SELECT (SELECT free FROM o), up.token, up.operation, up.request, up.overdue
 FROM (SELECT 1) AS one
 LEFT JOIN up ON true
