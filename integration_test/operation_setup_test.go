@@ -2,8 +2,10 @@ package integration_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -151,6 +153,22 @@ func (s *opSetup) operation(hooks map[string]func(ctx context.Context) error, cf
 		s.t.Fatal(err)
 	}
 	return op
+}
+
+// losingCharge is the operation with its charge step failing, as if the
+// processor's answer were lost, until answer is called.
+func (s *opSetup) losingCharge() (op *idem.Operation[chargeReq, chargeResp], answer func()) {
+	var lost atomic.Bool
+	lost.Store(true)
+	op = s.operation(map[string]func(context.Context) error{
+		"charge": func(context.Context) error {
+			if lost.Load() {
+				return errors.New("the processor's answer was lost")
+			}
+			return nil
+		},
+	}, nil)
+	return op, func() { lost.Store(false) }
 }
 
 // rowsOf counts the rows of key in each step's table.

@@ -58,18 +58,7 @@ func TestOperationRunsOnceAndReplays(t *testing.T) {
 func TestOperationResumesFromItsRecoveryPoint(t *testing.T) {
 	s := newOpSetup(t, nil)
 	ctx := context.Background()
-	fail := true
-	var mu sync.Mutex
-	op := s.operation(map[string]func(context.Context) error{
-		"charge": func(context.Context) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if fail {
-				return errors.New("the processor's answer was lost")
-			}
-			return nil
-		},
-	}, nil)
+	op, answer := s.losingCharge()
 
 	_, outcome, err := op.Run(ctx, "k", chargeReq{Amount: 700})
 	if outcome != idem.OutcomeFailed || err == nil {
@@ -93,9 +82,7 @@ func TestOperationResumesFromItsRecoveryPoint(t *testing.T) {
 		t.Fatalf("Stats: %+v, %v; want 1 unfinished", st, err)
 	}
 
-	mu.Lock()
-	fail = false
-	mu.Unlock()
+	answer()
 	resp, outcome, err := op.Run(ctx, "k", chargeReq{Amount: 700})
 	if err != nil || outcome != idem.OutcomeExecuted {
 		t.Fatalf("retry: %v, %v", outcome, err)
@@ -212,24 +199,11 @@ func TestOperationWithoutItsStateIsCorrupt(t *testing.T) {
 	t.Parallel()
 	s := newOpSetup(t, nil)
 	ctx := context.Background()
-	failing := true
-	var mu sync.Mutex
-	op := s.operation(map[string]func(context.Context) error{
-		"charge": func(context.Context) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if failing {
-				return errors.New("the processor's answer was lost")
-			}
-			return nil
-		},
-	}, nil)
+	op, answer := s.losingCharge()
 	if _, _, err := op.Run(ctx, "k", chargeReq{Amount: 700}); err == nil {
 		t.Fatal("first Run succeeded; want it to stop after the charge")
 	}
-	mu.Lock()
-	failing = false
-	mu.Unlock()
+	answer()
 	s.exec("DELETE FROM idempotency_keys_operations")
 	for name, call := range map[string]func() (idem.Outcome, error){
 		"Run": func() (idem.Outcome, error) {
