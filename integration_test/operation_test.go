@@ -223,3 +223,58 @@ func TestOperationWithoutItsStateIsCorrupt(t *testing.T) {
 		t.Fatalf("%d processor calls; want the first Run's one", calls)
 	}
 }
+
+// Forget's snapshot is taken before its lock: an operation that began in
+// between (its key's row changed, its operation's row inserted) must not
+// lose its key and keep its state. The transaction below stands in for
+// that operation's first step: Forget reads the key's row as it was,
+// waits on the row's lock, and finds a new version once it commits.
+func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
+	t.Parallel()
+	s := newOpSetup(t, nil)
+	ctx := context.Background()
+	if _, _, err := s.operation(nil, nil).Run(ctx, "k", chargeReq{Amount: 5}); err != nil {
+		t.Fatal(err)
+	}
+	begin, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer begin.Rollback(ctx)
+	for _, q := range []string{
+		`UPDATE idempotency_keys SET status = 'unfinished', response = NULL, completed_at = NULL WHERE idempotency_key = 'k'`,
+		`INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, lease_until)
+		 VALUES ('', 'k', 'charge', '\x7b7d', now() + interval '1 minute')`,
+	} {
+		if _, err := begin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		deleted bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		deleted, err := s.client.Forget(ctx, "", "k")
+		done <- result{deleted, err}
+	}()
+	// Forget waits on the key row's lock, its snapshot taken.
+	for s.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%forget%' AND datname = current_database()`) == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := begin.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.deleted || !errors.Is(r.err, idem.ErrInProgress) {
+		t.Fatalf("Forget: %v, %v; want ErrInProgress, nothing deleted", r.deleted, r.err)
+	}
+	if n := s.count(`SELECT count(*) FROM idempotency_keys_operations o WHERE NOT EXISTS
+		(SELECT 1 FROM idempotency_keys k WHERE k.scope = o.scope AND k.idempotency_key = o.idempotency_key)`); n != 0 {
+		t.Fatalf("%d operation rows without their key", n)
+	}
+	if n := s.keys("unfinished"); n != 1 {
+		t.Fatalf("%d unfinished keys; want the operation's", n)
+	}
+}

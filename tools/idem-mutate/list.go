@@ -26,7 +26,8 @@ type mutation struct {
 
 // parseList reads the mutation list. Its form:
 //
-//	# a comment (only outside find and replace blocks)
+//	# a comment (only outside find and replace blocks: a line that starts
+//	# with "# " inside one is refused, since it would be part of the text)
 //	=== name
 //	promise: what the bug breaks
 //	file: idem/sql/claim.sql
@@ -104,6 +105,10 @@ func parseList(r io.Reader) ([]mutation, error) {
 				return nil, fmt.Errorf("line %d: --- replace before --- find", n)
 			}
 			block = &repl
+		case block != nil && strings.HasPrefix(line, "# "):
+			// No line of Go or SQL starts so: it is a comment meant for the
+			// list, which would otherwise go into the code with the block.
+			return nil, fmt.Errorf("line %d: a comment inside a find or replace block (it would be part of the text); put comments before the first === line, or between a === line and its --- find", n)
 		case block != nil:
 			*block = append(*block, line)
 		case strings.HasPrefix(line, "#"), strings.TrimSpace(line) == "":

@@ -44,15 +44,16 @@ func TestParseList(t *testing.T) {
 func TestParseListRefusesMistakes(t *testing.T) {
 	t.Parallel()
 	for name, list := range map[string]string{
-		"no file":       "=== a\ntest: ./x\n--- find\nx\n--- replace\ny\n",
-		"no test":       "=== a\nfile: f\n--- find\nx\n--- replace\ny\n",
-		"no find":       "=== a\nfile: f\ntest: ./x\n",
-		"no change":     "=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\nx\n",
-		"named twice":   "=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\ny\n=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\nz\n",
-		"unknown key":   "=== a\nfiles: f\n",
-		"stray text":    "text\n",
-		"replace first": "=== a\nfile: f\ntest: ./x\n--- replace\ny\n",
-		"spaced name":   "=== a b\n",
+		"no file":            "=== a\ntest: ./x\n--- find\nx\n--- replace\ny\n",
+		"no test":            "=== a\nfile: f\n--- find\nx\n--- replace\ny\n",
+		"no find":            "=== a\nfile: f\ntest: ./x\n",
+		"no change":          "=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\nx\n",
+		"named twice":        "=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\ny\n=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\nz\n",
+		"unknown key":        "=== a\nfiles: f\n",
+		"stray text":         "text\n",
+		"replace first":      "=== a\nfile: f\ntest: ./x\n--- replace\ny\n",
+		"spaced name":        "=== a b\n",
+		"comment in a block": "=== a\nfile: f\ntest: ./x\n--- find\nx\n--- replace\ny\n\n# the next ones\n",
 	} {
 		if _, err := parseList(strings.NewReader(list)); err == nil {
 			t.Errorf("%s: accepted", name)
