@@ -156,11 +156,14 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 
 // Forget deletes the key, so that the next call with it runs fn again: for
 // a deliberate reset, such as after a refund. It reports whether there was
-// a row to delete. A key in progress is not touched: Forget returns
-// ErrInProgress at once, and so it does for a key whose row changed while
-// Forget ran (a claim or an operation's step committed): look again. A missing key table is an error that says to apply
-// the schema. A connection lost before the delete's reply is an error
-// wrapping ErrOutcomeUnknown: the key may or may not be forgotten.
+// a row to delete. A key in progress (a call's transaction, or an
+// operation's database step, holds it) is not touched: Forget returns
+// ErrInProgress at once, without waiting. So it does for a key whose row
+// changed while Forget ran (a claim or an operation's step committed):
+// look again. An unfinished operation between its steps is forgotten with
+// its state. A missing key table is an error that says to apply the
+// schema. A connection lost before the delete's reply is an error wrapping
+// ErrOutcomeUnknown: the key may or may not be forgotten.
 //
 // The operation the key recorded is not undone: a retry after Forget does
 // it again (charges again). A row that will not replay (ErrCorruptRecord)

@@ -171,6 +171,17 @@ func (s *opSetup) losingCharge() (op *idem.Operation[chargeReq, chargeResp], ans
 	return op, func() { lost.Store(false) }
 }
 
+// stoppedAtCharge runs losingCharge's operation under key until its charge
+// step fails, which leaves the operation unfinished after its first step.
+func (s *opSetup) stoppedAtCharge(key string, amount int64) (op *idem.Operation[chargeReq, chargeResp], answer func()) {
+	s.t.Helper()
+	op, answer = s.losingCharge()
+	if _, _, err := op.Run(context.Background(), key, chargeReq{Amount: amount}); err == nil {
+		s.t.Fatal("Run succeeded; want it to stop after the charge")
+	}
+	return op, answer
+}
+
 // rowsOf counts the rows of key in each step's table.
 func (s *opSetup) rowsOf(key string) (reservations, receipts int) {
 	return s.count("SELECT count(*) FROM op_reservations WHERE key = $1", key),

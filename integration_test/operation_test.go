@@ -199,10 +199,7 @@ func TestOperationWithoutItsStateIsCorrupt(t *testing.T) {
 	t.Parallel()
 	s := newOpSetup(t, nil)
 	ctx := context.Background()
-	op, answer := s.losingCharge()
-	if _, _, err := op.Run(ctx, "k", chargeReq{Amount: 700}); err == nil {
-		t.Fatal("first Run succeeded; want it to stop after the charge")
-	}
+	op, answer := s.stoppedAtCharge("k", 700)
 	answer()
 	s.exec("DELETE FROM idempotency_keys_operations")
 	for name, call := range map[string]func() (idem.Outcome, error){
@@ -276,5 +273,40 @@ func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
 	}
 	if n := s.keys("unfinished"); n != 1 {
 		t.Fatalf("%d unfinished keys; want the operation's", n)
+	}
+}
+
+// Forget during an operation's database step answers ErrInProgress at
+// once and touches nothing: it neither waits for the step nor deadlocks
+// with its last statement, which locks the operation's row, then the
+// key's (op_fence.sql, op_complete.sql). The transaction below stands in
+// for the step, from its fence on.
+func TestForgetDuringAStepAnswersAtOnce(t *testing.T) {
+	t.Parallel()
+	s := newOpSetup(t, nil)
+	ctx := context.Background()
+	s.stoppedAtCharge("k", 5)
+	step, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer step.Rollback(ctx)
+	if _, err := step.Exec(ctx, `UPDATE idempotency_keys_operations SET lease_until = now() + interval '1 minute' WHERE idempotency_key = 'k'`); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	deleted, err := s.client.Forget(fctx, "", "k")
+	if deleted || !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("Forget during a step: %v, %v; want ErrInProgress at once", deleted, err)
+	}
+	if _, err := step.Exec(ctx, `UPDATE idempotency_keys SET status = 'completed', completed_at = now() WHERE idempotency_key = 'k'`); err != nil {
+		t.Fatalf("the step's last statement: %v", err)
+	}
+	if err := step.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.keys("completed"); n != 1 {
+		t.Fatalf("%d completed keys; want the step's", n)
 	}
 }
