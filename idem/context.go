@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -36,6 +37,13 @@ type CallKey struct {
 	Scope string
 	// Key is the idempotency key the client sent.
 	Key string
+	// Run is set inside an Operation: the identity of its current run
+	// (Steps.Run), new each time the operation begins under a free key
+	// (first use, after the key expired, after Forget) and kept by every
+	// retry and takeover of that run. Derive includes it, so a new request
+	// under a reused key never derives an old request's downstream key.
+	// Empty for Do, Run, Wrap and idemhttp.
+	Run string
 }
 
 type keyCtxKey struct{}
@@ -58,35 +66,49 @@ func KeyFromContext(ctx context.Context) (CallKey, bool) {
 // the same call key and purpose always give the same derived key, so every
 // retry of the request, and every rerun of its work after a rollback, sends
 // the same key downstream, and the downstream service charges once.
-// Different scopes, keys or purposes give unrelated keys.
+// Different scopes, keys, runs or purposes give unrelated keys.
 //
 // The result is a UUID string (RFC 9562 version 8, built from SHA-256 of a
-// versioned, length-prefixed encoding of scope, key and purpose): 36
-// characters that any service accepting UUID keys accepts. Its derivation
-// is part of the contract and will not change, since a change would make a
-// retry after an upgrade send a new key downstream.
+// versioned, length-prefixed encoding of scope, key and purpose, and of Run
+// when it is set): 36 characters that any service accepting UUID keys
+// accepts. Its derivation is part of the contract and will not change,
+// since a change would make a retry after an upgrade send a new key
+// downstream.
 //
-// A derived key outlives the call's key: a client that sends the same key
-// again after it expired (Config.TTL) runs the work again, and the work
-// derives the same downstream key, which the downstream service may still
-// remember, for another request. When the work knows an identifier of what
-// the call is about (an order or payment id it has just inserted), put it
-// in purpose ("payments/settle/42"); otherwise keep the TTL at least as long
-// as the downstream service keeps its keys. The key is not a secret:
-// anyone who knows the scope, the key and the purpose can compute it.
+// Without Run (Do, Run, Wrap, idemhttp), a derived key outlives the call's
+// key: a client that sends the same key again after it expired
+// (Config.TTL) runs the work again, and the work derives the same
+// downstream key, which the downstream service may still remember, for
+// another request. When the work knows an identifier of what the call is
+// about (an order or payment id it has just inserted), put it in purpose
+// ("payments/settle/42"); otherwise keep the TTL at least as long as the
+// downstream service keeps its keys. Inside an Operation, Run makes the
+// derived key new for every run of the operation (see External). The key
+// is not a secret: anyone who knows its parts can compute it.
 // docs/EXTERNAL_EFFECTS.md says when a downstream call with it is safe.
 func (k CallKey) Derive(purpose string) string {
 	h := sha256.New()
-	h.Write([]byte("idem/derive/v1"))
-	for _, part := range [...]string{k.Scope, k.Key, purpose} {
+	parts := []string{k.Scope, k.Key, purpose}
+	if k.Run == "" {
+		h.Write([]byte("idem/derive/v1"))
+	} else {
+		h.Write([]byte("idem/derive/run/v1"))
+		parts = []string{k.Scope, k.Key, k.Run, purpose}
+	}
+	for _, part := range parts {
 		var n [binary.MaxVarintLen64]byte
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
 		h.Write([]byte(part))
 	}
 	var sum [sha256.Size]byte
-	u := h.Sum(sum[:0])[:16]
-	u[6] = u[6]&0x0f | 0x80 // version 8: custom
-	u[8] = u[8]&0x3f | 0x80 // variant: RFC 9562
+	return formatUUID(h.Sum(sum[:0])[:16], 0x80)
+}
+
+// formatUUID sets the version (the high nibble of version: 0x40 random,
+// 0x80 custom) and the RFC 9562 variant on the 16 bytes u and formats them.
+func formatUUID(u []byte, version byte) string {
+	u[6] = u[6]&0x0f | version
+	u[8] = u[8]&0x3f | 0x80
 	var out [36]byte
 	hex.Encode(out[0:8], u[0:4])
 	out[8] = '-'
@@ -98,6 +120,14 @@ func (k CallKey) Derive(purpose string) string {
 	out[23] = '-'
 	hex.Encode(out[24:], u[10:16])
 	return string(out[:])
+}
+
+// newRunID returns a new random UUID (version 4): the identity of an
+// operation's run.
+func newRunID() string {
+	var u [16]byte
+	_, _ = rand.Read(u[:]) // crypto/rand.Read never fails (Go 1.24)
+	return formatUUID(u[:], 0x40)
 }
 
 // DeriveKey returns KeyFromContext(ctx).Derive(purpose): the downstream key

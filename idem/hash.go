@@ -2,9 +2,13 @@ package idem
 
 import (
 	"crypto/sha256"
+	"encoding"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
+	"unicode/utf8"
 )
 
 // HashBytes returns the hex SHA-256 of b: the request hash for a raw body.
@@ -18,17 +22,25 @@ func HashBytes(b []byte) string {
 // that encode to equal JSON documents hash equally whatever their field or
 // map key order. A value that cannot be encoded, or whose encoding
 // CanonicalJSON refuses (two map keys equal under case folding, such as "id"
-// and "ID"; nesting deeper than CanonicalJSON allows), is an error.
+// and "ID"; nesting deeper than CanonicalJSON allows), is an error, and so is
+// a string in v (a field, a map key, an element, a TextMarshaler's text)
+// that is not valid UTF-8: json.Marshal would write U+FFFD in its place, so
+// that two requests that differ only there would share a hash, and a
+// request stored for an Operation would be resumed with U+FFFD instead of
+// the client's bytes.
 //
 // Because v goes through json.Marshal first, the fingerprint is that of v's
-// encoding, not of v itself: json.Marshal replaces invalid UTF-8 in strings
-// with U+FFFD (so "\xff" and "\ufffd" hash equally here, while CanonicalJSON
-// refuses a document holding the former), writes a float64 as its shortest
-// round-tripping decimal, and leaves out what the json tags leave out. Hash
-// the request body with HashJSONBytes when those bytes are what must match.
+// encoding, not of v itself: a float64 is written as its shortest
+// round-tripping decimal, and what the json tags leave out is left out.
+// Hash the request body with HashJSONBytes when those bytes are what must
+// match.
 func HashJSON(v any) (string, error) {
 	raw, err := json.Marshal(v)
 	if err != nil {
+		return "", fmt.Errorf("idem: hash request: %w", err)
+	}
+	// After json.Marshal, which refuses cyclic values.
+	if err := validUTF8(reflect.ValueOf(v), 0); err != nil {
 		return "", fmt.Errorf("idem: hash request: %w", err)
 	}
 	canon, err := CanonicalJSON(raw)
@@ -108,4 +120,82 @@ func CanonicalJSON(doc []byte) ([]byte, error) {
 		return nil, fmt.Errorf("idem: canonical JSON: %w", err)
 	}
 	return canon, nil
+}
+
+// errInvalidUTF8 is validUTF8's error.
+var errInvalidUTF8 = errors.New("a string is not valid UTF-8 (json.Marshal would replace it with U+FFFD)")
+
+// validUTF8 fails on the first string json.Marshal would encode from v
+// with U+FFFD in place of invalid UTF-8. A json.Marshaler's output is
+// left to CanonicalJSON, which refuses invalid UTF-8 itself; depth stops a
+// walk as deep as CanonicalJSON would refuse anyway.
+func validUTF8(v reflect.Value, depth int) error {
+	if !v.IsValid() || depth > maxDepth {
+		return nil
+	}
+	t := v.Type()
+	if t.Implements(jsonMarshaler) || v.CanAddr() && reflect.PointerTo(t).Implements(jsonMarshaler) {
+		return nil
+	}
+	if tm, ok := asTextMarshaler(v); ok {
+		if k := v.Kind(); (k == reflect.Pointer || k == reflect.Interface) && v.IsNil() {
+			return nil
+		}
+		text, err := tm.MarshalText()
+		if err == nil && !utf8.Valid(text) {
+			return errInvalidUTF8
+		}
+		return nil
+	}
+	switch v.Kind() {
+	case reflect.String:
+		if !utf8.ValidString(v.String()) {
+			return errInvalidUTF8
+		}
+	case reflect.Pointer, reflect.Interface:
+		return validUTF8(v.Elem(), depth+1)
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 && v.Kind() == reflect.Slice {
+			return nil // base64
+		}
+		for i := range v.Len() {
+			if err := validUTF8(v.Index(i), depth+1); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if err := validUTF8(it.Key(), depth+1); err != nil {
+				return err
+			}
+			if err := validUTF8(it.Value(), depth+1); err != nil {
+				return err
+			}
+		}
+	case reflect.Struct:
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() && !f.Anonymous || f.Tag.Get("json") == "-" {
+				continue
+			}
+			if err := validUTF8(v.Field(i), depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// asTextMarshaler returns v as an encoding.TextMarshaler, as json.Marshal
+// would use it, if it is one.
+func asTextMarshaler(v reflect.Value) (encoding.TextMarshaler, bool) {
+	if v.Type().Implements(textMarshaler) && v.CanInterface() {
+		tm, ok := v.Interface().(encoding.TextMarshaler)
+		return tm, ok
+	}
+	if v.CanAddr() && reflect.PointerTo(v.Type()).Implements(textMarshaler) && v.Addr().CanInterface() {
+		tm, ok := v.Addr().Interface().(encoding.TextMarshaler)
+		return tm, ok
+	}
+	return nil, false
 }

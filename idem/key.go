@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -54,4 +55,21 @@ func validateText(sentinel error, s string) error {
 		}
 	}
 	return nil
+}
+
+// storableText returns s as a text column stores it: invalid UTF-8 replaced
+// by U+FFFD, NUL written as the six characters \u0000 (PostgreSQL's text
+// refuses both, and a statement refused for them would fail silently where
+// it records why something stopped), and cut to at most limit bytes at a
+// character boundary.
+func storableText(s string, limit int) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\u0000`)
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }

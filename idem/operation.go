@@ -55,14 +55,16 @@ type OperationConfig[Req, Resp any] struct {
 	// Lease is how long an owner holds the operation without renewing: the
 	// bound within which an owner that died (a crash, a SIGKILL, a lost
 	// network) frees it for a retry or the completer. The owner renews it
-	// every third of Lease while it works; an owner paused past it (a long
-	// GC pause, SIGSTOP) loses the operation to the next caller and records
-	// nothing after that. Set it above the longest pause you expect between
-	// renewals, and keep external calls' timeouts below it. Defaults to
-	// DefaultLease (30s); at least 100ms.
+	// every third of Lease while it works, on a connection of its own (a
+	// pool exhausted by the work does not hold renewals back); an owner
+	// paused past it (a long GC pause, SIGSTOP) loses the operation to the
+	// next caller, calls out nothing and records nothing after that, and
+	// an owner whose renewals fail for a whole Lease stops as if it had
+	// lost it (External). Set it above the longest pause you expect
+	// between renewals. Defaults to DefaultLease (30s); at least 100ms.
 	Lease time.Duration
 
-	// Deadline, if set, is how long after its first step an operation may
+	// Deadline, if set, is how long after its beginning an operation may
 	// keep trying to finish its work. An owner that takes the operation
 	// over after the deadline runs Compensate instead of the operation's
 	// function. The deadline is checked when an owner takes the operation,
@@ -71,16 +73,21 @@ type OperationConfig[Req, Resp any] struct {
 	Deadline time.Duration
 
 	// Compensate ends an operation that passed its Deadline: it runs with
-	// the same Steps (steps the operation recorded are visible through
-	// Recorded; its own steps need names of their own) and cause, an
-	// error wrapping ErrDeadline, and its result is stored and replayed as
-	// the operation's answer, usually a *Refusal after undoing what the
-	// recorded steps did. Required with Deadline, refused without it.
+	// the same Steps and cause, an error wrapping ErrDeadline, and its
+	// result is stored and replayed as the operation's answer, usually a
+	// *Refusal after undoing what the operation did. What it must undo:
+	// the steps that recorded an output (Recorded), and the external steps
+	// whose call began without an output recorded (Steps.Unrecorded), each
+	// with the derived key its provider may have acted under, or may still
+	// act under when a call in flight arrives: undo those by key (a void
+	// or a refund by idempotency key, or a look-up at the provider). Its
+	// own steps need names of their own. Required with Deadline, refused
+	// without it.
 	Compensate func(s *Steps, req Req, cause error) (Resp, error)
 
 	// OnStart, if set, runs in the transaction that begins the operation
-	// (its first), so that what it writes commits exactly when the
-	// operation begins: idemriver's completer job, inserted with the
+	// (before any of its steps), so that what it writes commits exactly
+	// when the operation begins: idemriver's completer job, inserted with the
 	// operation and scheduled past its lease, drives it to its end if no
 	// client comes back. An error rolls the beginning back and fails the
 	// call. Defaults to none.
@@ -136,6 +143,8 @@ type Operation[Req, Resp any] struct {
 	fn     func(s *Steps, req Req) (Resp, error)
 	cfg    OperationConfig[Req, Resp]
 	lease  time.Duration
+	// renewer renews the leases of this operation's owners at work.
+	renewer *renewer
 	// plain is set once the table was found to have the plain layout.
 	plain atomic.Bool
 }
@@ -173,7 +182,8 @@ func NewOperation[Req, Resp any](c *Client, name string, fn func(s *Steps, req R
 	if err := checkStorable[Resp](); err != nil {
 		return nil, fmt.Errorf("NewOperation %q: the result: %w", name, err)
 	}
-	o := &Operation[Req, Resp]{client: c, pool: pool, name: name, fn: fn, lease: DefaultLease}
+	o := &Operation[Req, Resp]{client: c, pool: pool, name: name, fn: fn, lease: DefaultLease,
+		renewer: newRenewer(pool, c.base.stmts.op.renew)}
 	if cfg != nil {
 		o.cfg = *cfg
 	}
@@ -225,20 +235,7 @@ func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Re
 	var zero Resp
 	s := o.client.base
 	scope, err := callScope(ctx, &s)
-	obs := s.observer
-	var start time.Time
-	reported := false
-	if obs != nil {
-		start = time.Now()
-		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
-		defer func() {
-			if !reported { // a step panicked: the panic goes on.
-				obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
-					Duration: time.Since(start), Err: errAbandoned})
-			}
-		}()
-	}
-	v, outcome, err := func() (Resp, Outcome, error) {
+	v, outcome, err := o.observed(ctx, &s, scope, func(ctx context.Context) (Resp, Outcome, error) {
 		if err != nil {
 			return zero, OutcomeInvalid, err
 		}
@@ -254,13 +251,7 @@ func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Re
 			return zero, OutcomeFailed, err
 		}
 		return o.settle(ctx, c, &req, reqData)
-	}()
-	if obs != nil {
-		reported = true
-		obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: outcome,
-			Refused:  (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err),
-			Duration: time.Since(start), Err: err})
-	}
+	})
 	if err != nil && outcome != OutcomeRefused && outcome != OutcomeReplayed {
 		return zero, outcome, err
 	}
@@ -274,23 +265,52 @@ func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Re
 // OutcomeReplayed when it had finished before. Otherwise it returns
 // ErrNotFound when the key holds nothing (never begun, or forgotten),
 // ErrInProgress while another owner holds the operation, ErrMismatch when
-// the unfinished key belongs to another operation, and what Run would
-// return for a failure.
+// the unfinished key belongs to another operation, ErrCorruptRecord when
+// the stored request does not open, decode or match the key's request
+// hash (nothing runs then), and what Run would return for a failure. The
+// Client's Observer hears of it as of a call of Run.
 func (o *Operation[Req, Resp]) Resume(ctx context.Context, scope, key string) (Outcome, error) {
-	if err := ValidateScope(scope); err != nil {
-		return OutcomeInvalid, err
-	}
 	s := o.client.base
-	// The request hash is the stored one, read by the first look (peek).
-	c, err := newCall(&s, scope, key, resumeHash, o.pool)
-	if err != nil {
-		return OutcomeInvalid, err
-	}
-	_, outcome, err := o.settle(ctx, c, nil, nil)
+	_, outcome, err := o.observed(ctx, &s, scope, func(ctx context.Context) (Resp, Outcome, error) {
+		var zero Resp
+		if err := ValidateScope(scope); err != nil {
+			return zero, OutcomeInvalid, err
+		}
+		// The request hash is the stored one, read by the first look (peek).
+		c, err := newCall(&s, scope, key, resumeHash, o.pool)
+		if err != nil {
+			return zero, OutcomeInvalid, err
+		}
+		return o.settle(ctx, c, nil, nil)
+	})
 	if outcome == OutcomeRefused || outcome == OutcomeReplayed {
 		return outcome, nil // a stored refusal is the operation's answer too
 	}
 	return outcome, err
+}
+
+// observed runs one call of the operation (Run's or Resume's) and tells the
+// Observer of s, if any, that it started and how it ended.
+func (o *Operation[Req, Resp]) observed(ctx context.Context, s *settings, scope string, call func(context.Context) (Resp, Outcome, error)) (Resp, Outcome, error) {
+	obs := s.observer
+	if obs == nil {
+		return call(ctx)
+	}
+	start := time.Now()
+	ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
+	reported := false
+	defer func() {
+		if !reported { // a step panicked: the panic goes on.
+			obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
+				Duration: time.Since(start), Err: errAbandoned})
+		}
+	}()
+	v, outcome, err := call(ctx)
+	reported = true
+	obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: outcome,
+		Refused:  (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err),
+		Duration: time.Since(start), Err: err})
+	return v, outcome, err
 }
 
 // resumeHash stands for the request hash of a call of Resume until its
@@ -351,7 +371,7 @@ func (o *Operation[Req, Resp]) settle(ctx context.Context, c *call, req *Req, re
 		}
 		if req == nil {
 			var r Req
-			if r, err = o.openRequest(ctx, c, ow.request); err != nil {
+			if r, err = o.openRequest(ctx, c, ow.run, ow.request); err != nil {
 				_ = o.release(ctx, c, ow.token, err)
 				return zero, OutcomeFailed, err
 			}
@@ -428,9 +448,12 @@ func (o *Operation[Req, Resp]) peek(ctx context.Context, c *call) (peeked, error
 // owned is an owner's hold on an operation.
 type owned struct {
 	token   int64
-	fresh   bool   // the operation began with this owner: no steps recorded
-	overdue bool   // past its deadline: compensate
-	request []byte // the stored request, when taken over
+	run     string    // the run's identity (CallKey.Run)
+	fresh   bool      // the run began with this owner: no steps recorded
+	overdue bool      // past its deadline: compensate
+	request []byte    // the stored request, when taken over
+	begun   []string  // the external steps the run began, when taken over
+	sent    time.Time // before the statement that took the lease was sent
 }
 
 // own begins the operation, or takes it over from an owner whose lease
@@ -451,6 +474,7 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			rollbackConn(ctx, conn)
 		}
 	}()
+	ow.sent = time.Now()
 	var (
 		locked       bool
 		hash, status *string
@@ -476,10 +500,10 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 		var (
 			free, overdue *bool
 			token         *int64
-			name          *string
+			name, run     *string
 		)
 		_, failed, err := queryCommit(ctx, conn, c.stmts.op.take, []any{c.scope, c.key, o.lease.Microseconds()},
-			&free, &token, &name, &ow.request, &overdue)
+			&free, &token, &name, &ow.request, &run, &ow.begun, &overdue)
 		var pgErr *pgconn.PgError
 		if failed == 0 && errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 			return ow, ErrInProgress // the owner is inside a database step
@@ -505,12 +529,13 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			_ = o.release(ctx, c, *token, ErrMismatch)
 			return ow, fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, *name, o.name)
 		}
-		ow.token, ow.overdue = *token, *overdue
+		ow.token, ow.run, ow.overdue = *token, *run, *overdue
 		return ow, nil
 	case !canBegin:
 		return ow, ErrNotFound
 	}
-	stored, err := o.sealRequest(ctx, c, reqData)
+	ow.run = newRunID()
+	stored, err := o.sealRequest(ctx, c, ow.run, reqData)
 	if err != nil {
 		return ow, err
 	}
@@ -518,7 +543,7 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 	if o.cfg.Deadline > 0 {
 		deadline = o.cfg.Deadline.Microseconds()
 	}
-	args := []any{c.scope, c.key, c.reqHash, c.ttlMicro, o.name, stored, o.lease.Microseconds(), deadline}
+	args := []any{c.scope, c.key, c.reqHash, c.ttlMicro, o.name, stored, o.lease.Microseconds(), deadline, ow.run}
 	if o.cfg.OnStart == nil {
 		noRow, failed, err := queryCommit(ctx, conn, c.stmts.op.begin, args, &ow.token)
 		if err := o.ownCommitError(failed, 1, err, "begin"); err != nil {
@@ -604,8 +629,10 @@ func queryCommit(ctx context.Context, conn *pgx.Conn, sql string, args []any, de
 // work runs the operation as its owner and stores its answer.
 func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req Req) (Resp, Outcome, error) {
 	var zero Resp
-	l := o.startLease(ctx, c, ow.token)
-	s := &Steps{op: o.name, c: c, pool: o.pool, lease: l, ctx: contextWithKey(l.ctx, CallKey{Scope: c.scope, Key: c.key}), ran: map[string]bool{}}
+	l := o.startLease(ctx, c, ow.token, ow.sent)
+	k := CallKey{Scope: c.scope, Key: c.key, Run: ow.run}
+	s := &Steps{op: o.name, c: c, pool: o.pool, lease: l, key: k, ctx: contextWithKey(l.ctx, k),
+		recorded: map[string][]byte{}, begun: ow.begun, ran: map[string]bool{}}
 	if !ow.fresh {
 		if err := s.load(ctx); err != nil {
 			l.stop()
@@ -625,7 +652,7 @@ func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req 
 		fnErr error
 	)
 	if ow.overdue {
-		v, fnErr = o.cfg.Compensate(s, req, fmt.Errorf("%w: %v after its first step", ErrDeadline, o.cfg.Deadline))
+		v, fnErr = o.cfg.Compensate(s, req, fmt.Errorf("%w: %v after its beginning", ErrDeadline, o.cfg.Deadline))
 	} else {
 		v, fnErr = o.fn(s, req)
 	}
@@ -671,10 +698,7 @@ func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req 
 func (o *Operation[Req, Resp]) release(ctx context.Context, c *call, token int64, why error) error {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	msg := why.Error()
-	if len(msg) > 1000 {
-		msg = msg[:1000]
-	}
+	msg := storableText(why.Error(), 1000)
 	_, err := o.pool.Exec(ctx, c.stmts.op.release, c.scope, c.key, token, msg)
 	if err != nil && Retryable(err) {
 		// The pool may have handed out a connection that had died (the
@@ -687,24 +711,30 @@ func (o *Operation[Req, Resp]) release(ctx context.Context, c *call, token int64
 }
 
 // sealRequest is the request as stored: sealed with the Client's Sealer,
-// if it has one.
-func (o *Operation[Req, Resp]) sealRequest(ctx context.Context, c *call, data []byte) ([]byte, error) {
+// if it has one, and bound to what decides what runs: the operation's
+// name, its run and the request hash.
+func (o *Operation[Req, Resp]) sealRequest(ctx context.Context, c *call, run string, data []byte) ([]byte, error) {
 	if c.s.sealer == nil {
 		return data, nil
 	}
-	sealed, err := c.s.sealer.Seal(ctx, c.scope, c.key+"\x1frequest", data)
+	sealed, err := c.s.sealer.Seal(ctx, c.scope, o.requestSealKey(c, run), data)
 	if err != nil {
 		return nil, fmt.Errorf("idem: operation %q: seal the request: %w", o.name, err)
 	}
 	return sealed, nil
 }
 
-func (o *Operation[Req, Resp]) openRequest(ctx context.Context, c *call, stored []byte) (Req, error) {
+// openRequest opens and decodes the stored request for Resume, and checks
+// it against the key's request hash before anything runs: a request that
+// a Sealer cannot open under this operation's name, run and hash, or that
+// hashes otherwise (it was edited, or the operation's row renamed), is
+// ErrCorruptRecord.
+func (o *Operation[Req, Resp]) openRequest(ctx context.Context, c *call, run string, stored []byte) (Req, error) {
 	var zero Req
 	data := stored
 	if c.s.sealer != nil {
 		var err error
-		if data, err = c.s.sealer.Open(ctx, c.scope, c.key+"\x1frequest", stored); err != nil {
+		if data, err = c.s.sealer.Open(ctx, c.scope, o.requestSealKey(c, run), stored); err != nil {
 			return zero, fmt.Errorf("%w: operation %q: open the stored request: %w", ErrCorruptRecord, o.name, err)
 		}
 	}
@@ -712,5 +742,15 @@ func (o *Operation[Req, Resp]) openRequest(ctx context.Context, c *call, stored 
 	if err != nil {
 		return zero, fmt.Errorf("%w: operation %q: decode the stored request: %w", ErrCorruptRecord, o.name, err)
 	}
+	if _, hash, err := o.request(r); err != nil || hash != c.reqHash {
+		return zero, fmt.Errorf("%w: operation %q: the stored request does not match the key's request hash", ErrCorruptRecord, o.name)
+	}
 	return r, nil
+}
+
+// requestSealKey binds a sealed request to its operation, run and request
+// hash, so that a row renamed, moved to another run or given another hash
+// does not open.
+func (o *Operation[Req, Resp]) requestSealKey(c *call, run string) string {
+	return c.key + "\x1frequest\x1f" + o.name + "\x1f" + run + "\x1f" + c.reqHash
 }

@@ -49,6 +49,8 @@ var (
 	opTakeSQL string
 	//go:embed sql/op_fence.sql
 	opFenceSQL string
+	//go:embed sql/op_call.sql
+	opCallSQL string
 	//go:embed sql/op_record.sql
 	opRecordSQL string
 	//go:embed sql/op_steps.sql
@@ -68,14 +70,14 @@ var (
 // opSQL is the statements of operations made of steps (operation.go), in
 // the order a run sends them.
 type opSQL struct {
-	peek, lock, begin, take, fence, record, steps, renew, release, complete string
-	stats, layout                                                           string
+	peek, lock, begin, take, steps, fence, call, record, renew, release, complete string
+	stats, layout                                                                 string
 }
 
 func newOpSQL(t sqltext.Table) opSQL {
 	return opSQL{
 		peek: t.Rewrite(opPeekSQL), lock: t.Rewrite(opLockSQL), begin: t.Rewrite(opBeginSQL),
-		take: t.Rewrite(opTakeSQL), fence: t.Rewrite(opFenceSQL), record: t.Rewrite(opRecordSQL),
+		take: t.Rewrite(opTakeSQL), fence: t.Rewrite(opFenceSQL), call: t.Rewrite(opCallSQL), record: t.Rewrite(opRecordSQL),
 		steps: t.Rewrite(opStepsSQL), renew: t.Rewrite(opRenewSQL), release: t.Rewrite(opReleaseSQL),
 		complete: t.Rewrite(opCompleteSQL), stats: t.Rewrite(opStatsSQL), layout: t.Rewrite(opLayoutSQL),
 	}

@@ -68,7 +68,7 @@ type Stats struct {
 	Unfinished int64
 
 	// OldestUnfinished is the age of the oldest unfinished operation,
-	// counted from its first step. Exact; 0 when none is unfinished.
+	// counted from its beginning (the transaction that begins it). Exact; 0 when none is unfinished.
 	OldestUnfinished time.Duration
 }
 

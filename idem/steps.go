@@ -22,10 +22,14 @@ type Steps struct {
 	c     *call
 	pool  *pgxpool.Pool
 	lease *lease
+	key   CallKey // with the run
 	ctx   context.Context
-	// recorded holds the outputs earlier owners recorded, by step name, as
+	// recorded holds the outputs recorded in this run, by step name, as
 	// stored (sealed, if the Client has a Sealer).
 	recorded map[string][]byte
+	// begun holds the external steps whose call began in this run, in the
+	// order they began.
+	begun []string
 	// ran holds the names used in this run: a name used twice is an error.
 	ran map[string]bool
 }
@@ -35,8 +39,34 @@ type Steps struct {
 // (context.Cause is then ErrLeaseLost).
 func (s *Steps) Context() context.Context { return s.ctx }
 
-// Key returns the operation's scope and key.
-func (s *Steps) Key() CallKey { return CallKey{Scope: s.c.scope, Key: s.c.key} }
+// Key returns the operation's scope and key, and its run (CallKey.Run):
+// Key().Derive(purpose) is a downstream key of this run, as External's.
+func (s *Steps) Key() CallKey { return s.key }
+
+// An ExternalCall is an external step of an operation's run that may have
+// acted at its provider: its call began, and no output was recorded.
+type ExternalCall struct {
+	Step string // the step's name
+	Key  string // the derived key the call was sent with
+}
+
+// Unrecorded returns the external steps of this run whose call began (its
+// fence passed, External's first statement) and whose output was never
+// recorded, in the order they began: the owner died, lost its lease or
+// got an error after the call went out, so the provider may have acted
+// under Key, or may still act when a call that was already in flight
+// arrives. Compensate undoes by these keys what the operation may have
+// started (a refund or a void by idempotency key, or a look-up at the
+// provider); steps that recorded an output are read with Recorded.
+func (s *Steps) Unrecorded() []ExternalCall {
+	var out []ExternalCall
+	for _, name := range s.begun {
+		if _, ok := s.recorded[name]; !ok {
+			out = append(out, ExternalCall{Step: name, Key: s.key.Derive(name)})
+		}
+	}
+	return out
+}
 
 // StepKind tells a database step from an external one, for observers.
 type StepKind uint8
@@ -120,6 +150,7 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		set    string
 		fenced = true
 	)
+	sent := time.Now()
 	b.Queue("begin")
 	b.Queue(s.c.stmts.op.fence, s.c.scope, s.c.key, s.lease.token, s.lease.micros, s.idle()).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&set)
@@ -136,6 +167,7 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		s.lease.lose()
 		return zero, fmt.Errorf("%w: step %q did not run", ErrLeaseLost, name)
 	}
+	s.lease.confirm(sent)
 	tx := &connTx{conn: conn}
 	v, err := fn(ctx, tx)
 	tx.closed.Store(true)
@@ -158,6 +190,7 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 	switch dbtx.ClassifyCommit(failed, 1, err) {
 	case dbtx.Committed:
 		committed = true
+		s.recorded[name] = data
 		return stored, nil
 	case dbtx.Unknown:
 		return zero, fmt.Errorf("%w: step %q: %w", ErrOutcomeUnknown, name, err)
@@ -167,11 +200,26 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 
 // External runs fn as the external step name of the operation: a call to
 // another service, made with no transaction open and no connection held.
-// key is the idempotency key to send that service: the operation's key
-// derived for name (CallKey.Derive), the same for every owner and every
-// retry, so a service that honours it acts once however often the call is
-// repeated. fn's output is recorded once fn returns; a step recorded before
+// key is the idempotency key to send that service: the key of the
+// operation's run derived for name (Key().Derive(name)). It is the same
+// for every retry and every takeover of one run, so a service that honours
+// it acts once however often the call is repeated; and it is new for each
+// run, so a request that reuses the operation's key after the key expired
+// or was forgotten never meets the old request's effects at the service.
+// fn's output is recorded once fn returns; a step recorded in this run
 // returns its recorded output without calling fn.
+//
+// Right before fn is called, one statement checks the owner's fencing
+// token, renews the lease and marks the step begun: an owner that lost the
+// operation (paused past its lease, forgotten) gets ErrLeaseLost and calls
+// nothing. A call that has begun cannot be fenced, so the operation
+// remembers it: Compensate finds it in Unrecorded until its output is
+// recorded. The context fn gets ends when the lease is lost, and when the
+// lease was not renewed for a whole Lease by the owner's own clock (the
+// renewals kept failing, or the owner was paused): a client that honours
+// its context sends nothing, and waits for nothing, after another owner
+// could have taken the operation over. External then returns an error
+// wrapping ErrLeaseLost, and the owner stops.
 //
 // fn is called again, with the same key, only when its output was not
 // recorded: the owner died or lost its lease after the service acted and
@@ -179,8 +227,6 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 // An owner that lost its lease records nothing: External returns
 // ErrLeaseLost, and the output the other owner records is the one that
 // counts. An error from fn is returned as it is and records nothing.
-// The context fn gets ends when the lease is lost: keep fn's own timeout
-// below OperationConfig.Lease.
 func External[T any](s *Steps, name string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
 	var zero T
 	if v, ok, err := replayed[T](s, name, StepExternal); ok || err != nil {
@@ -200,8 +246,29 @@ func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx 
 	if err := s.live(); err != nil {
 		return zero, err
 	}
-	v, err := fn(ctx, s.Key().Derive(name))
-	if err != nil {
+	sent := time.Now()
+	var one int
+	err := s.pool.QueryRow(ctx, s.c.stmts.op.call, s.c.scope, s.c.key, s.lease.token, name, s.lease.micros).Scan(&one)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		s.lease.lose()
+		return zero, fmt.Errorf("%w: step %q was not called", ErrLeaseLost, name)
+	case err != nil:
+		return zero, fmt.Errorf("idem: step %q: fence: %w", name, err)
+	}
+	s.begun = append(s.begun, name)
+	s.lease.confirm(sent)
+	callCtx, end := s.lease.guard(ctx)
+	v, err := fn(callCtx, s.key.Derive(name))
+	end()
+	switch {
+	case s.lease.lost() && err != nil:
+		return zero, fmt.Errorf("%w: step %q: %w", ErrLeaseLost, name, err)
+	case s.lease.lost():
+		// Another owner may hold the operation: it records the output,
+		// calling with the same key.
+		return zero, fmt.Errorf("%w: step %q was not recorded", ErrLeaseLost, name)
+	case err != nil:
 		return zero, err
 	}
 	data, stored, err := encodeStep(ctx, s, name, v)
@@ -212,7 +279,6 @@ func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx 
 	// transaction.
 	rctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	var one int
 	err = s.pool.QueryRow(rctx, s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros).Scan(&one)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -223,6 +289,7 @@ func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx 
 	case err != nil:
 		return zero, fmt.Errorf("idem: step %q: record: %w", name, err)
 	}
+	s.recorded[name] = data
 	return stored, nil
 }
 
@@ -267,7 +334,7 @@ func decodeStep[T any](s *Steps, name string, stored []byte) (T, error) {
 	data := stored
 	if s.c.s.sealer != nil {
 		var err error
-		if data, err = s.c.s.sealer.Open(s.ctx, s.c.scope, stepSealKey(s.c.key, name), stored); err != nil {
+		if data, err = s.c.s.sealer.Open(s.ctx, s.c.scope, s.stepSealKey(name), stored); err != nil {
 			return zero, fmt.Errorf("%w: step %q: open: %w", ErrCorruptRecord, name, err)
 		}
 	}
@@ -297,16 +364,19 @@ func encodeStep[T any](ctx context.Context, s *Steps, name string, v T) ([]byte,
 		return nil, zero, err
 	}
 	if s.c.s.sealer != nil {
-		if data, err = s.c.s.sealer.Seal(ctx, s.c.scope, stepSealKey(s.c.key, name), data); err != nil {
+		if data, err = s.c.s.sealer.Seal(ctx, s.c.scope, s.stepSealKey(name), data); err != nil {
 			return nil, zero, fmt.Errorf("idem: step %q: seal the output: %w", name, err)
 		}
 	}
 	return data, stored, nil
 }
 
-// stepSealKey binds a sealed output to its step, so that outputs cannot be
-// swapped between steps.
-func stepSealKey(key, step string) string { return key + "\x1fstep\x1f" + step }
+// stepSealKey binds a sealed output to its step and its run, so that
+// outputs cannot be swapped between steps, nor an output saved from an
+// earlier run under the key replayed in a later one.
+func (s *Steps) stepSealKey(step string) string {
+	return s.c.key + "\x1fstep\x1f" + s.key.Run + "\x1f" + step
+}
 
 // live fails a step that would start after the lease was lost or ctx
 // ended.
@@ -326,11 +396,10 @@ func (s *Steps) idle() any {
 
 // load reads what earlier owners recorded.
 func (s *Steps) load(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, s.c.stmts.op.steps, s.c.scope, s.c.key)
+	rows, err := s.pool.Query(ctx, s.c.stmts.op.steps, s.c.scope, s.c.key, s.key.Run)
 	if err != nil {
 		return fmt.Errorf("idem: operation %q: read its steps: %w", s.op, err)
 	}
-	s.recorded = map[string][]byte{}
 	for rows.Next() {
 		var (
 			name string

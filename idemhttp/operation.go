@@ -121,6 +121,10 @@ type OperationHandler[Req, Resp any] struct {
 //   - another owner is at work (idem.ErrInProgress): 409 (ProblemInProgress).
 //   - a different request under the key (idem.ErrMismatch): 422
 //     (ProblemKeyMismatch).
+//   - a request Decode accepted but that cannot be stored or hashed
+//     exactly (a string that is not valid UTF-8; two object keys equal
+//     under case folding): 400 (ProblemInvalidRequest), as the middleware
+//     answers a body it cannot fingerprint; nothing runs.
 //   - the connection failed while the answer was being stored
 //     (idem.ErrOutcomeUnknown): 503 (ProblemOutcomeUnknown).
 //   - the operation stopped before its end on an error worth retrying
@@ -253,6 +257,12 @@ func (o *OperationHandler[Req, Resp]) ServeHTTP(w http.ResponseWriter, r *http.R
 		h.fail(w, r, ProblemOutcomeUnknown, "the outcome of this request is unknown; retry with the same key to learn it", err)
 	case errors.Is(err, idem.ErrInvalidScope):
 		h.problem(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key")
+	case outcome == idem.OutcomeInvalid && errors.Is(err, idem.ErrInvalidOption):
+		// Decode accepted the body, but the request cannot be stored or
+		// hashed exactly (two keys equal under case folding, invalid
+		// UTF-8): bad input, answered as the middleware answers a body it
+		// cannot fingerprint.
+		h.refuse(w, r, ProblemInvalidRequest, "the request could not be fingerprinted")
 	case errors.Is(err, idem.ErrResultTooLarge):
 		h.fail(w, r, ProblemResponseTooLarge, "the operation's result exceeds the size the service stores; it was not stored", err)
 	case outcome == idem.OutcomeFailed && o.wantsAsync(r) && o.holds(ctx, key) && o.accept(w, r, ctx, key):

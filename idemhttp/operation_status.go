@@ -17,7 +17,8 @@ import (
 // (Config.Scope or SharedKeys): a poll without a principal is answered 401,
 // and a principal only ever sees what its own scope holds, so another
 // principal's key is answered 404 like a key never used. It reads the key
-// with Client.Lookup and changes nothing:
+// with Client.Lookup and changes nothing. Every answer carries
+// Cache-Control: no-store:
 //
 //   - the operation is unfinished, or a request holds the key: 202
 //     Accepted with Retry-After (Config.RetryAfter) and no body; poll
@@ -36,6 +37,9 @@ import (
 // with what that call stored, or 500 if it does not decode as Resp.
 func (o *OperationHandler[Req, Resp]) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	h := o.h
+	// Every answer is the state of the moment, the final result too: a
+	// cache must not keep it for another principal, nor a 202 past it.
+	w.Header().Set("Cache-Control", "no-store")
 	key, err := o.opts.StatusKey(r)
 	if err == nil && key == "" {
 		h.refuse(w, r, ProblemMissingKey, "the status URL names no idempotency key")

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -592,5 +593,56 @@ func TestOperationHandlerEncode(t *testing.T) {
 		if w.Header().Get("Location") != "/charges/ch_1" || !bytes.Equal(w.Body.Bytes(), []byte("ch_1")) {
 			t.Fatalf("answer %d: headers %v body %q", i, w.Header(), w.Body.String())
 		}
+	}
+}
+
+// Every answer of the status URL says Cache-Control: no-store, the final
+// result and refusal too: the state of the moment, never for a cache to
+// keep or hand to another principal.
+func TestOperationStatusIsNeverCached(t *testing.T) {
+	t.Parallel()
+	a := newOpApp(t, nil, nil)
+	wantResult(t, a.post("k-done", "ada", `{"amount":100}`), opResult{ChargeID: "ch_1", Amount: 100}, false)
+	wantRefusal(t, a.post("k-refused", "ada", `{"amount":5000}`), http.StatusPaymentRequired, "amount_too_large", false)
+	for _, target := range []string{"/charges/operations/k-done", "/charges/operations/k-refused", "/charges/operations/k-none"} {
+		w := a.poll(target, "ada")
+		if cc := w.Header().Get("Cache-Control"); cc != "no-store" {
+			t.Errorf("GET %s: %d with Cache-Control %q, want no-store", target, w.Code, cc)
+		}
+	}
+}
+
+type taggedRequest struct {
+	Tags map[string]int `json:"tags"`
+}
+
+// A body the default Decode accepts but whose request cannot be hashed
+// exactly ({"a":1,"A":2} into a map: two keys equal under case folding) is
+// bad input: 400, as the middleware answers a body it cannot fingerprint,
+// never a 500 logged as the service's fault; nothing runs or is stored.
+func TestOperationHandlerRequestItCannotHash(t *testing.T) {
+	t.Parallel()
+	a := newOpApp(t, nil, nil)
+	ran := 0
+	op, err := idem.NewOperation(a.client, "tagged", func(s *idem.Steps, req taggedRequest) (opResult, error) {
+		ran++
+		return opResult{}, nil
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	h, err := idemhttp.NewOperationHandler(op, &idemhttp.Config{Scope: userScope,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError}))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := a.send(h, http.MethodPost, "/tags", "k-tags", "ada", `{"tags":{"a":1,"A":2}}`)
+	wantProblem(t, w, http.StatusBadRequest, idemhttp.ProblemInvalidRequest)
+	if ran != 0 || a.count(t, "SELECT count(*) FROM idempotency_keys") != 0 {
+		t.Fatalf("the operation ran %d times; %d keys stored", ran, a.count(t, "SELECT count(*) FROM idempotency_keys"))
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("logged at ERROR: %s", logs.String())
 	}
 }

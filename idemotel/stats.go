@@ -56,7 +56,7 @@ func RegisterStats(c *idem.Client, opts ...Option) (metric.Registration, error) 
 	}
 	unfinishedAge, err := meter.Float64ObservableGauge(MetricUnfinishedMaxAge,
 		metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest unfinished operation (idem.Operation), from its first step; 0 when none."))
+		metric.WithDescription("Age of the oldest unfinished operation (idem.Operation), from its beginning; 0 when none."))
 	if err != nil {
 		return nil, err
 	}

@@ -96,8 +96,8 @@ func TestRegisterStats(t *testing.T) {
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO idempotency_keys (scope, idempotency_key, request_hash, status, created_at, expires_at)
 		VALUES ('', 'op-1', 'h', 'unfinished', now() - interval '1 hour', now() + interval '23 hours');
-		INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, lease_until, created_at)
-		VALUES ('', 'op-1', 'charge', '{}', now(), now() - interval '1 hour')`); err != nil {
+		INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, run, lease_until, created_at)
+		VALUES ('', 'op-1', 'charge', '{}', gen_random_uuid(), now(), now() - interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
 

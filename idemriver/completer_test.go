@@ -80,7 +80,7 @@ func TestCompleterFinishesWhatTheClientGaveUp(t *testing.T) {
 			if job.State != rivertype.JobStateCompleted || outcome(t, job) != "executed" {
 				t.Fatalf("completer job: %s, output %s, errors %v; want completed, executed", job.State, job.Output(), job.Errors)
 			}
-			charges, id := f.proc.charged(idem.CallKey{Key: key}.Derive("charge"))
+			charges, id := f.proc.charged()
 			if res, rec, ref := f.rows(key); res != 1 || rec != 1 || ref != 0 || charges != 1 {
 				t.Fatalf("reservations %d, receipts %d, refunds %d, charges %d; want 1, 1, 0, 1", res, rec, ref, charges)
 			}
@@ -159,7 +159,7 @@ func TestCompleterSnoozesWhileTheLeaseIsHeld(t *testing.T) {
 	if job.State != rivertype.JobStateCompleted || outcome(t, job) != "executed" {
 		t.Fatalf("completer job: %s, output %s, errors %v; want completed, executed", job.State, job.Output(), job.Errors)
 	}
-	charges, _ := f.proc.charged(idem.CallKey{Key: key}.Derive("charge"))
+	charges, _ := f.proc.charged()
 	if res, rec, _ := f.rows(key); res != 1 || rec != 1 || charges != 1 {
 		t.Fatalf("reservations %d, receipts %d, charges %d; want 1 each", res, rec, charges)
 	}

@@ -89,11 +89,20 @@ func (p *processor) callCount() int {
 	return p.calls
 }
 
-// charged returns the charges made and the charge id of key ("" if none).
-func (p *processor) charged(key string) (int, string) {
+// charged returns the charges made, and the id of the charge if there is
+// exactly one ("" otherwise): an operation's one run charges under one
+// derived key, whichever owner called.
+func (p *processor) charged() (int, string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.charges), p.charges[key]
+	id := ""
+	for _, v := range p.charges {
+		id = v
+	}
+	if len(p.charges) != 1 {
+		id = ""
+	}
+	return len(p.charges), id
 }
 
 // fixture is a database with idem's and River's tables and the

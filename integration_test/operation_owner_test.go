@@ -53,6 +53,9 @@ type ownerConfig struct {
 	Amount      int64         // the request
 	Lease       time.Duration // OperationConfig.Lease
 	IdleTimeout time.Duration // Config.IdleTimeout; 0: the default
+	// Deadline is OperationConfig.Deadline (0: none), with a Compensate
+	// that refuses: the owner that began the operation sets it.
+	Deadline time.Duration
 	// Stop is the boundary (opPoint) where the owner says "at <Stop>" on
 	// its standard output and waits for a line on its standard input
 	// before it goes on: the moment the test kills or stops it.
@@ -97,8 +100,14 @@ func runOwner(raw string) int {
 		}
 		return nil
 	}
-	op, err := idem.NewOperation(client, "charge", boundarySteps(httpCharger(cfg.Processor), at),
-		&idem.OperationConfig[chargeReq, chargeResp]{Lease: cfg.Lease})
+	opCfg := &idem.OperationConfig[chargeReq, chargeResp]{Lease: cfg.Lease}
+	if cfg.Deadline > 0 {
+		opCfg.Deadline = cfg.Deadline
+		opCfg.Compensate = func(*idem.Steps, chargeReq, error) (chargeResp, error) {
+			return chargeResp{}, idem.Refuse("expired", "not charged")
+		}
+	}
+	op, err := idem.NewOperation(client, "charge", boundarySteps(httpCharger(cfg.Processor), at), opCfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "owner:", err)
 		return 2

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,16 +39,25 @@ type processor struct {
 	mu      sync.Mutex
 	charges map[string]string // idempotency key -> charge id
 	calls   int
+	keys    []string        // the idempotency key of every call, in order
+	voided  map[string]bool // keys voided (Void): a call with one charges nothing
+	refunds int             // charges voided after they were made
 	// before, if set, runs before the processor acts on a call; after,
 	// after it acted and before it answers. Either may block or fail.
 	before, after func(ctx context.Context, key string) error
 }
 
-func newProcessor() *processor { return &processor{charges: map[string]string{}} }
+func newProcessor() *processor {
+	return &processor{charges: map[string]string{}, voided: map[string]bool{}}
+}
+
+// errVoided is the processor's answer to a call with a voided key.
+var errVoided = errors.New("processor: the idempotency key was voided")
 
 func (p *processor) Charge(ctx context.Context, key string, amount int64) (string, error) {
 	p.mu.Lock()
 	p.calls++
+	p.keys = append(p.keys, key)
 	before, after := p.before, p.after
 	p.mu.Unlock()
 	if before != nil {
@@ -56,6 +66,10 @@ func (p *processor) Charge(ctx context.Context, key string, amount int64) (strin
 		}
 	}
 	p.mu.Lock()
+	if p.voided[key] {
+		p.mu.Unlock()
+		return "", errVoided
+	}
 	id, ok := p.charges[key]
 	if !ok {
 		id = fmt.Sprintf("ch_%d", len(p.charges)+1)
@@ -68,6 +82,26 @@ func (p *processor) Charge(ctx context.Context, key string, amount int64) (strin
 		}
 	}
 	return id, nil
+}
+
+// Void cancels what key did or will do, as processors let a caller undo by
+// idempotency key: a charge made under it is refunded, and a call with it
+// that arrives later charges nothing.
+func (p *processor) Void(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.charges[key]; ok {
+		delete(p.charges, key)
+		p.refunds++
+	}
+	p.voided[key] = true
+}
+
+// seen returns the idempotency keys of the calls made, in order.
+func (p *processor) seen() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.keys)
 }
 
 // charged is how many distinct charges the processor made.

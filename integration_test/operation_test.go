@@ -242,8 +242,8 @@ func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
 	defer begin.Rollback(ctx)
 	for _, q := range []string{
 		`UPDATE idempotency_keys SET status = 'unfinished', response = NULL, completed_at = NULL WHERE idempotency_key = 'k'`,
-		`INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, lease_until)
-		 VALUES ('', 'k', 'charge', '\x7b7d', now() + interval '1 minute')`,
+		`INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, run, lease_until)
+		 VALUES ('', 'k', 'charge', '\x7b7d', gen_random_uuid(), now() + interval '1 minute')`,
 	} {
 		if _, err := begin.Exec(ctx, q); err != nil {
 			t.Fatal(err)

@@ -20,6 +20,13 @@ CREATE TABLE IF NOT EXISTS idempotency_keys_operations (
     -- request is the encoded request (sealed by Config.Sealer, if set): a
     -- completer resumes the operation from it when its client is gone.
     request         bytea       NOT NULL,
+    -- run identifies this run of the operation: a new value each time the
+    -- operation begins under a free key (first use, after expiry, after
+    -- Forget), kept by every takeover. External steps' keys are derived
+    -- from it, so a new request under a reused key never meets the effects
+    -- of an old one, and steps' outputs and the sealed request are bound
+    -- to it.
+    run             uuid        NOT NULL,
     -- token fences owners: each owner takes the operation with a new value
     -- of this column's sequence, and every record an owner makes requires
     -- the token it took, so an owner that lost its lease (paused past it)
@@ -33,6 +40,10 @@ CREATE TABLE IF NOT EXISTS idempotency_keys_operations (
     -- work and runs its compensation instead; null: no deadline.
     deadline_at     timestamptz,
     attempts        integer     NOT NULL DEFAULT 1,
+    -- begun names the external steps whose call began (its fence passed)
+    -- in this run: one without a row in idempotency_keys_steps may have
+    -- acted at its provider, and Compensate is told so (Steps.Unrecorded).
+    begun           text[]      NOT NULL DEFAULT '{}',
     -- last_error is the error the last owner stopped on, for operators.
     last_error      text,
     created_at      timestamptz NOT NULL DEFAULT now(),
@@ -47,6 +58,22 @@ CREATE TABLE IF NOT EXISTS idempotency_keys_steps (
     output          bytea       NOT NULL,
     -- token is the owner's fencing token when the step was recorded.
     token           bigint      NOT NULL,
+    -- run is the operation's run the output belongs to: a later run under
+    -- the same key reads none of an earlier one's.
+    run             uuid        NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT idempotency_keys_steps_pkey PRIMARY KEY (scope, idempotency_key, step)
 );
+
+-- The columns that tables made by an earlier version of this file lack.
+ALTER TABLE idempotency_keys_operations
+    ADD COLUMN IF NOT EXISTS run uuid NOT NULL DEFAULT gen_random_uuid(),
+    ADD COLUMN IF NOT EXISTS begun text[] NOT NULL DEFAULT '{}';
+ALTER TABLE idempotency_keys_operations ALTER COLUMN run DROP DEFAULT;
+ALTER TABLE idempotency_keys_steps
+    ADD COLUMN IF NOT EXISTS run uuid;
+UPDATE idempotency_keys_steps AS s SET run = o.run
+FROM idempotency_keys_operations AS o
+WHERE s.run IS NULL AND o.scope = s.scope AND o.idempotency_key = s.idempotency_key;
+DELETE FROM idempotency_keys_steps WHERE run IS NULL;
+ALTER TABLE idempotency_keys_steps ALTER COLUMN run SET NOT NULL;

@@ -4,7 +4,8 @@
 -- operation's row with the first owner's token and lease.
 --   $1 scope   $2 key   $3 request hash   $4 time to live in microseconds
 --   $5 operation name   $6 encoded request   $7 lease in microseconds
---   $8 deadline in microseconds, or null
+--   $8 deadline in microseconds, or null   $9 the run's identity (a new
+--   random UUID)
 -- Returns the owner's token. Steps a forgotten operation recorded under the
 -- key are removed: they belong to another request. On a live key (an
 -- operation that began after the caller's look, op_lock.sql, read its
@@ -32,13 +33,15 @@ old AS (
     WHERE scope = $1 AND idempotency_key = $2 AND EXISTS (SELECT 1 FROM k)
 )
 INSERT INTO idempotency_keys_operations AS o
-    (scope, idempotency_key, operation, request, lease_until, deadline_at)
-SELECT $1, $2, $5, $6, now() + $7::bigint * interval '1 microsecond',
+    (scope, idempotency_key, operation, request, run, lease_until, deadline_at)
+SELECT $1, $2, $5, $6, $9::uuid, now() + $7::bigint * interval '1 microsecond',
        now() + $8::bigint * interval '1 microsecond'
 FROM k
 ON CONFLICT (scope, idempotency_key) DO UPDATE
     SET operation   = excluded.operation,
         request     = excluded.request,
+        run         = excluded.run,
+        begun       = '{}',
         token       = nextval(pg_get_serial_sequence('idempotency_keys_operations', 'token')),
         lease_until = excluded.lease_until,
         deadline_at = excluded.deadline_at,

@@ -11,8 +11,8 @@ WITH f AS (
     UPDATE idempotency_keys_operations
     SET lease_until = clock_timestamp() + $6::bigint * interval '1 microsecond'
     WHERE scope = $1 AND idempotency_key = $2 AND token = $3
-    RETURNING 1
+    RETURNING run
 )
-INSERT INTO idempotency_keys_steps (scope, idempotency_key, step, output, token)
-SELECT $1, $2, $4, $5, $3 FROM f
+INSERT INTO idempotency_keys_steps (scope, idempotency_key, step, output, token, run)
+SELECT $1, $2, $4, $5, $3, f.run FROM f
 RETURNING 1

@@ -5,7 +5,8 @@
 -- Returns one row: free (null: no operation row; false: the lease is still
 -- running, or the owner is inside a database step, whose transaction holds
 -- the operation's row), and, when taken, the new token, the operation's
--- name, its stored request and whether its deadline has passed.
+-- name, its stored request, its run, the external steps it began, and
+-- whether its deadline has passed.
 -- NOWAIT makes an owner inside a step answer "in progress" at once: that
 -- step's writes and its record commit or roll back under the old token,
 -- and no takeover happens in between.
@@ -21,8 +22,9 @@ up AS (
         lease_until = now() + $3::bigint * interval '1 microsecond',
         attempts    = attempts + 1
     WHERE scope = $1 AND idempotency_key = $2 AND (SELECT free FROM o)
-    RETURNING token, operation, request, coalesce(deadline_at <= now(), false) AS overdue
+    RETURNING token, operation, request, run::text AS run, begun,
+              coalesce(deadline_at <= now(), false) AS overdue
 )
-SELECT (SELECT free FROM o), up.token, up.operation, up.request, up.overdue
+SELECT (SELECT free FROM o), up.token, up.operation, up.request, up.run, up.begun, up.overdue
 FROM (SELECT 1) AS one
 LEFT JOIN up ON true
