@@ -83,8 +83,8 @@ func (s *opSetup) exec(sql string, args ...any) {
 	}
 }
 
-// An owner paused (SIGSTOP) past its lease while another owner took the
-// operation over past its deadline and compensated calls nothing once it
+// An owner paused (SIGSTOP) past its lease while the completer (Resume)
+// took the operation over past its deadline and compensated calls nothing once it
 // wakes: the external step's fence refuses it before the call. Paused
 // inside the call (the request already at the processor), it cannot be
 // fenced, so Compensate is told the step began and the key it was sent
@@ -149,10 +149,18 @@ func compensatedOwner(t *testing.T, r *opRig, key string, inside bool, amount in
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := <-runPast(ctx, b, key, chargeReq{Amount: amount})
-	var refusal *idem.Refusal
-	if res.outcome != idem.OutcomeRefused || !errors.As(res.err, &refusal) || refusal.Code != "expired" {
-		t.Fatalf("the owner that took over: %v, %v; want the compensation's refusal", res.outcome, res.err)
+	// The completer's path: Resume, from the stored request, again while
+	// the paused owner's last renewal may still hold the lease.
+	outcome, err := b.Resume(ctx, "", key)
+	for outcome == idem.OutcomeInProgress && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		outcome, err = b.Resume(ctx, "", key)
+	}
+	if outcome != idem.OutcomeRefused || err != nil {
+		t.Fatalf("the completer: %v, %v; want the compensation's refusal stored", outcome, err)
+	}
+	if rec, err := r.client.Lookup(ctx, "", key); err != nil || rec.Refusal == nil || rec.Refusal.Code != "expired" {
+		t.Fatalf("stored: %+v, %v; want the refusal %q", rec, err, "expired")
 	}
 	close(release) // the paused owner's request, if at the processor, goes on
 	a.signal(syscall.SIGCONT)
