@@ -221,11 +221,11 @@ func TestOperationWithoutItsStateIsCorrupt(t *testing.T) {
 	}
 }
 
-// Forget while an operation's first step commits (its key's row changed,
-// its operation's row inserted, neither yet visible to Forget's snapshot)
-// answers ErrInProgress at once, and the operation keeps its key and its
-// state. The transaction below stands in for that step. A Forget that
-// waited on the key's row would, once the step commits, find the row's
+// Forget while the transaction that begins an operation commits (its key's
+// row changed, its operation's row inserted, neither yet visible to
+// Forget's snapshot) answers ErrInProgress at once, and the operation keeps
+// its key and its state. The transaction below stands in for that one. A
+// Forget that waited on the key's row would, once it commits, find the row's
 // new version and delete it, and miss the operation's row: the test then
 // commits after 3 s, to show it.
 func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
