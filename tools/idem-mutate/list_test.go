@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -100,5 +102,23 @@ func TestClassify(t *testing.T) {
 		if status != c.status || strings.Join(by, ",") != c.by {
 			t.Errorf("classify(%q) = %s %v, want %s %s", c.out, status, by, c.status, c.by)
 		}
+	}
+}
+
+// A package of a nested module is tested from that module's folder; the
+// flags go to every go test.
+func TestSplitByModule(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "nested", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nested", "go.mod"), []byte("module x/nested\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags, modules, by := splitByModule(dir, []string{"-run", "TestA|TestB", "./idem", "./nested/...", "./integration_test", "./nested/sub", "./nested"})
+	if !slices.Equal(flags, []string{"-run", "TestA|TestB"}) || !slices.Equal(modules, []string{".", "nested"}) ||
+		!slices.Equal(by["."], []string{"./idem", "./integration_test"}) || !slices.Equal(by["nested"], []string{"./...", "./sub", "."}) {
+		t.Fatalf("flags %v, modules %v, packages %v", flags, modules, by)
 	}
 }

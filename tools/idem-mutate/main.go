@@ -233,24 +233,71 @@ func runOne(work, logs string, m mutation, o options) result {
 	return r
 }
 
-// goTest runs go test on pkgs in dir. The process gets a minute beyond
-// go test's own timeout, which reports a hang with the goroutines' stacks.
+// goTest runs go test on pkgs in dir, where pkgs may also hold go test's
+// flags (-run and its pattern). go test runs only the packages of the
+// module it runs in, so a package of a nested module (./idemclient/...)
+// is tested from that module's folder, in a go test of its own; the
+// output is every run's, and the error the first failure's. Each process
+// gets a minute beyond go test's own timeout, which reports a hang with
+// the goroutines' stacks.
 func goTest(dir string, pkgs []string, timeout time.Duration, verbose bool) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
-	defer cancel()
-	args := append([]string{"test", "-count=1", "-failfast", "-timeout", timeout.String()}, pkgs...)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	var buf bytes.Buffer
-	if verbose {
-		cmd.Stdout = io.MultiWriter(&buf, os.Stdout)
-	} else {
-		cmd.Stdout = &buf
+	flags, modules, byModule := splitByModule(dir, pkgs)
+	var (
+		buf   bytes.Buffer
+		first error
+	)
+	for _, m := range modules {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
+		args := append([]string{"test", "-count=1", "-failfast", "-timeout", timeout.String()}, flags...)
+		cmd := exec.CommandContext(ctx, "go", append(args, byModule[m]...)...)
+		cmd.Dir = filepath.Join(dir, m)
+		if verbose {
+			cmd.Stdout = io.MultiWriter(&buf, os.Stdout)
+		} else {
+			cmd.Stdout = &buf
+		}
+		cmd.Stderr = cmd.Stdout
+		cmd.WaitDelay = 10 * time.Second
+		if err := cmd.Run(); err != nil && first == nil {
+			first = err
+		}
+		cancel()
 	}
-	cmd.Stderr = cmd.Stdout
-	cmd.WaitDelay = 10 * time.Second
-	err := cmd.Run()
-	return buf.Bytes(), err
+	return buf.Bytes(), first
+}
+
+// splitByModule parts args into go test's flags and the packages, grouped
+// by the folder of the module that holds each ("." for the root module's),
+// in the order they first appear, each package relative to its module.
+func splitByModule(dir string, args []string) (flags, modules []string, byModule map[string][]string) {
+	byModule = map[string][]string{}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if strings.HasPrefix(a, "-") {
+			flags = append(flags, a)
+			if a == "-run" && i+1 < len(args) {
+				i++
+				flags = append(flags, args[i])
+			}
+			continue
+		}
+		m, rel := ".", a
+		parts := strings.Split(strings.TrimPrefix(a, "./"), "/")
+		for n := len(parts); n > 0; n-- {
+			if _, err := os.Stat(filepath.Join(dir, filepath.Join(parts[:n]...), "go.mod")); err == nil {
+				m, rel = filepath.Join(parts[:n]...), "./"+strings.Join(parts[n:], "/")
+				if n == len(parts) {
+					rel = "."
+				}
+				break
+			}
+		}
+		if _, ok := byModule[m]; !ok {
+			modules = append(modules, m)
+		}
+		byModule[m] = append(byModule[m], rel)
+	}
+	return flags, modules, byModule
 }
 
 var failLine = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
