@@ -10,14 +10,14 @@ FUZZTIME  ?= 30s
 # heavy dependencies away from the core's users, and tools (benchmarks, load
 # and crash drivers, the mutation runner). test, vet, fmt-check, tidy-check,
 # check-modules, lint and fuzz run in each.
-MODULES   := . payments_example idemgrpc idemotel idemriver tools
+MODULES   := . payments_example idemamqp idemclient idemgrpc idemkafka idemnats idemotel idemriver tools
 # Pathspecs that leave the nested modules out of the root module's files.
 NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-long test-tools check-modules-build test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres
+.PHONY: help test test-long test-tools check-modules-build test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres brokers
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,6 +25,9 @@ help: ## List the targets.
 postgres: ## Make a PostgreSQL answer on 127.0.0.1:5432 (start or install it, and pg_partman) unless a URL is set.
 	@./scripts/ensure-postgres.sh
 	@./scripts/ensure-partman.sh
+
+brokers: ## Make a RabbitMQ answer on 127.0.0.1:5672 for idemamqp's tests (start or install it) unless IDEM_TEST_AMQP_URL is set; Kafka (kfake) and NATS run inside the tests.
+	@./scripts/ensure-rabbitmq.sh
 
 # What make test runs go test -race in (scripts/test-modules.sh, three at a
 # time): integration_test as two processes (the tests named by TEST_SPLIT,
@@ -42,7 +45,7 @@ TEST_SPECS := .:./integration_test@$(TEST_SPLIT) .:!./integration_test $(filter-
 TEST_PARALLEL ?= 8
 TEST_JOBS ?= 3
 
-test: postgres fmt-check vet tidy-check generate-check check-large-files check-modules ## Every module's tests against a real PostgreSQL, with -race, fuzz seeds included (the long suites are make test-long); target: under 3 minutes.
+test: postgres brokers fmt-check vet tidy-check generate-check check-large-files check-modules ## Every module's tests against a real PostgreSQL, with -race, fuzz seeds included (the long suites are make test-long); target: under 3 minutes.
 	@$(GO) run ./internal/testdb/which
 	@./scripts/test-modules.sh -j $(TEST_JOBS) -p $(TEST_PARALLEL) $(foreach s,$(TEST_SPECS),'$(s)')
 
@@ -54,7 +57,7 @@ test-tools: postgres ## The tests of the tools module (the load, crash and mutat
 check-modules-build: ## check-modules, with every package of every module compiled and every command linked (go build ./...).
 	@CHECK_MODULES_LINK=1 ./scripts/check-modules.sh $(MODULES)
 
-test-long-suites: postgres ## Only the tests gated by IDEM_TEST_LONG=1 (scripts/test-long.sh finds them): the exec-mode x isolation matrix, the full sweeps of which make test runs a part (TestVariantsLong, TestFaultWireLong, ...), the crash tests that need no root (TestSettleThroughKills, the demo's TestPlay).
+test-long-suites: postgres brokers ## Only the tests gated by IDEM_TEST_LONG=1 (scripts/test-long.sh finds them): the exec-mode x isolation matrix, the full sweeps of which make test runs a part (TestVariantsLong, TestFaultWireLong, ...), the crash tests that need no root (TestSettleThroughKills, the demo's TestPlay).
 	@./scripts/test-long.sh $(MODULES)
 
 test-linearizability: postgres ## The long linearizability run: several seeds for minutes each, while backends are terminated.

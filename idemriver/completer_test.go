@@ -17,10 +17,12 @@ import (
 
 // The operations below have short leases, and their jobs run a little
 // after them, so that the tests wait for River's scheduler rather than
-// for a lease.
+// for a lease. A lease is still a second: an owner whose renewals cannot
+// be confirmed for a whole lease stops its external call, and a loaded
+// machine must not make a live owner look dead.
 const (
-	lease = 200 * time.Millisecond
-	after = 300 * time.Millisecond
+	lease = time.Second
+	after = 1200 * time.Millisecond
 )
 
 // An operation whose client gave up, at any point of its steps, is

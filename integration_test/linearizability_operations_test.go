@@ -48,6 +48,11 @@ const (
 	// linOpStep is the name of the operation's external step: its derived
 	// key is CallKey.Derive(linOpStep).
 	linOpStep = "charge"
+	// linOpLostBound bounds how long a paused owner that was taken over
+	// waits for its step's context to end with ErrLeaseLost: a renewal
+	// every third of linOpLease finds the lease gone long before, so the
+	// bound decides nothing unless the owner would run on regardless.
+	linOpLostBound = 10 * time.Second
 )
 
 // linOpLedgerSQL is the business table of the operation's two database
@@ -167,6 +172,11 @@ type linOpPlan struct {
 	// hold is how long each database step holds its transaction open;
 	// some holds outlast the lease, which no takeover may interrupt.
 	hold time.Duration
+
+	// What the owner's run found, for classify: ranPastLoss, an owner
+	// taken over whose step's context had not ended linOpLostBound later;
+	// leaseLost, one whose step's context ended with ErrLeaseLost.
+	ranPastLoss, leaseLost bool
 }
 
 type linOpPlanKey struct{}
@@ -204,12 +214,16 @@ type linOpWorkload struct {
 	// settled counts the settling Resume calls, and completed those of
 	// them that finished an operation.
 	settled, completed int
+	// runs holds, per key, the runs (idem.CallKey.Run) whose owners called
+	// the provider: one per key, since no key is forgotten or expires.
+	runs map[string]map[string]bool
 }
 
 func newLinOpWorkload(url string, seed uint64, duration time.Duration) *linOpWorkload {
 	return &linOpWorkload{url: url, seed: seed, duration: duration,
 		provider: &linProvider{byKey: map[string]lincheck.Effect{}},
-		details:  map[string]int{}, owners: map[string]int{}, fenced: map[string]map[int64]bool{}}
+		details:  map[string]int{}, owners: map[string]int{}, fenced: map[string]map[int64]bool{},
+		runs: map[string]map[string]bool{}}
 }
 
 // client makes a service instance with a pool of size connections named
@@ -249,6 +263,9 @@ func (w *linOpWorkload) steps(pool *pgxpool.Pool) func(st *idem.Steps, req linOp
 		ran := false
 		w.mu.Lock()
 		w.owners[key]++
+		// A later owner's run of the key (owners[key] past run) took the
+		// operation over with a newer token: this owner's lease is lost.
+		run := w.owners[key]
 		w.mu.Unlock()
 		a := linOpAnswer{Variant: req.Variant, Finisher: p.op}
 		var err error
@@ -265,9 +282,10 @@ func (w *linOpWorkload) steps(pool *pgxpool.Pool) func(st *idem.Steps, req linOp
 			w.mu.Unlock()
 		}
 		ch, err := idem.External(st, linOpStep, func(ctx context.Context, idemKey string) (linCharge, error) {
+			w.ran(key, st.Key().Run)
 			if p.pause == "before" {
 				pauseInstance(ctx, pool, p.pauseFor)
-				w.paused(ctx)
+				w.paused(ctx, p, key, run)
 			}
 			if p.fail == "unreached" {
 				return linCharge{}, errLinOpUnreached
@@ -281,7 +299,7 @@ func (w *linOpWorkload) steps(pool *pgxpool.Pool) func(st *idem.Steps, req linOp
 				// The renewal that waited for the pool learns whether
 				// another owner took over meanwhile.
 				linOpWaitLease(ctx)
-				w.paused(ctx)
+				w.paused(ctx, p, key, run)
 			}
 			if p.fail == "lost" {
 				return linCharge{}, errLinOpAnswerLost
@@ -338,12 +356,30 @@ func (w *linOpWorkload) returning(ctx context.Context, step string, op int64) {
 	w.fenced[step][op] = true
 }
 
-// paused counts a pause, and whether the owner lost its lease in it.
-func (w *linOpWorkload) paused(ctx context.Context) {
+// paused counts a pause, and whether the owner lost its lease in it. An
+// owner whose run of key (its run-th) another owner's run followed was
+// taken over: its lease is lost for good, and its step's context must end
+// with ErrLeaseLost (Steps.Context, External), which it waits for up to
+// linOpLostBound; an owner that runs on past the bound contradicts its
+// call. A context ended otherwise (the call's deadline) proves nothing.
+func (w *linOpWorkload) paused(ctx context.Context, p *linOpPlan, key string, run int) {
+	w.mu.Lock()
+	w.pauses++
+	takenOver := w.owners[key] > run
+	w.mu.Unlock()
+	if takenOver {
+		bound := time.NewTimer(linOpLostBound)
+		defer bound.Stop()
+		select {
+		case <-ctx.Done():
+		case <-bound.C:
+			p.ranPastLoss = true
+		}
+	}
+	p.leaseLost = errors.Is(context.Cause(ctx), idem.ErrLeaseLost)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.pauses++
-	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
+	if p.leaseLost {
 		w.overtaken++
 	}
 }
@@ -507,6 +543,12 @@ func (w *linOpWorkload) classify(c *lincheck.OpCall, p linOpPlan, v *linOpAnswer
 		if c.Contradiction == "" {
 			c.Contradiction = fmt.Sprintf(format, args...) + fmt.Sprintf(" (outcome %v, error %v)", outcome, err)
 		}
+	}
+	if p.ranPastLoss {
+		contradict("the owner ran on for %v after another owner took its operation over: its step's context did not end with ErrLeaseLost", linOpLostBound)
+	}
+	if p.leaseLost && !errors.Is(err, idem.ErrLeaseLost) {
+		contradict("the owner's step's context ended with ErrLeaseLost, but the call did not report it")
 	}
 	var refusal *idem.Refusal
 	refused := errors.As(err, &refusal)
@@ -687,13 +729,38 @@ func (w *linOpWorkload) staleReturns() int {
 	return n
 }
 
+// ran notes that an owner of key's operation in run called the provider.
+func (w *linOpWorkload) ran(key, run string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.runs[key] == nil {
+		w.runs[key] = map[string]bool{}
+	}
+	w.runs[key][run] = true
+}
+
+// derived is the provider key of key's operation: its one run's derived
+// key. A key whose owners ran in several runs has none that every effect
+// could match, and each of its effects is a violation.
+func (w *linOpWorkload) derived(key string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.runs[key]) != 1 {
+		return fmt.Sprintf("(%d runs)", len(w.runs[key]))
+	}
+	for run := range w.runs[key] {
+		return idem.CallKey{Key: key, Run: run}.Derive(linOpStep)
+	}
+	return ""
+}
+
 // readOpFinal reads every operation key's row, the step rows, and the
 // provider's effects.
 func readOpFinal(t *testing.T, admin *pgxpool.Pool, w *linOpWorkload) lincheck.OpFinal {
 	t.Helper()
 	ctx := context.Background()
 	final := lincheck.OpFinal{Keys: map[string]lincheck.OpStored{}, Ledger: map[string]map[string][]int64{},
-		Derived: func(key string) string { return idem.CallKey{Key: key}.Derive(linOpStep) }}
+		Derived: w.derived}
 	rows, err := admin.Query(ctx, `
 		SELECT k.idempotency_key, k.status, k.response, o.request
 		FROM idempotency_keys AS k

@@ -7,6 +7,7 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/idemhq/idem v0.1.0
+	github.com/idemhq/idem/idemclient v0.1.0
 	github.com/idemhq/idem/idemotel v0.1.0
 	github.com/idemhq/idem/idemriver v0.1.0
 	github.com/jackc/pgerrcode v0.0.0-20250907135507-afb5586c32a6
@@ -60,7 +61,6 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.yaml.in/yaml/v4 v4.0.0 // indirect
 	golang.org/x/mod v0.42.0 // indirect
-	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
@@ -74,6 +74,7 @@ require (
 // replace and takes the tagged release.
 replace (
 	github.com/idemhq/idem => ../
+	github.com/idemhq/idem/idemclient => ../idemclient
 	github.com/idemhq/idem/idemotel => ../idemotel
 	github.com/idemhq/idem/idemriver => ../idemriver
 )

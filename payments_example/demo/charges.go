@@ -156,7 +156,7 @@ func newCharger(ctx context.Context, signUp *api.ClientWithResponses, plan []cha
 	}
 	c := &charger{plan: plan, account: created.JSON201.Id, proxy: proxy, results: make([]error, len(plan))}
 	apiKey := created.JSON201.ApiKey
-	if c.retrying, err = newAPIClient(proxyURL, apiKey, newRetryingClient(&c.retries, wrap).StandardClient()); err != nil {
+	if c.retrying, err = newAPIClient(proxyURL, apiKey, newRetryingClient(&c.retries, wrap)); err != nil {
 		return nil, err
 	}
 	var once http.RoundTripper = &http.Transport{DisableKeepAlives: true}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-retryablehttp"
 
+	"github.com/idemhq/idem/idemclient"
 	"github.com/idemhq/idem/payments_example/api"
 )
 
@@ -20,39 +22,73 @@ type payment struct {
 	amount int64  // in cents
 }
 
-// newRetryingClient returns the HTTP client a careful payer uses: it
-// retries what may not have gone through (a broken connection, a 5xx, a
-// 409 while the first attempt still runs, a service restarting) with a
-// short backoff, sends through wrap(transport) (nil: the transport), and
-// counts the retries.
-func newRetryingClient(retries *atomic.Int64, wrap func(http.RoundTripper) http.RoundTripper) *retryablehttp.Client {
-	c := retryablehttp.NewClient()
+// newRetryingClient returns the HTTP client a careful payer uses: an
+// idemclient.Transport, which retries what may not have gone through (a
+// broken connection, a 5xx but 501, a 409 while the first attempt
+// still runs) with the same Idempotency-Key and body and a short backoff,
+// and returns at once what must not be retried (a 422). It sends through
+// wrap(transport) (nil: the transport) and counts the retries.
+func newRetryingClient(retries *atomic.Int64, wrap func(http.RoundTripper) http.RoundTripper) *http.Client {
 	// One connection per attempt. With keep-alive, net/http resends a
 	// request that carries an Idempotency-Key by itself when a reused
-	// connection breaks, and that retry would go uncounted here.
+	// connection breaks, and that retry would go uncounted here. An
+	// attempt that hangs is given up after 10 s, and retried.
+	var transport http.RoundTripper = &http.Transport{DisableKeepAlives: true, ResponseHeaderTimeout: 10 * time.Second}
+	if wrap != nil {
+		transport = wrap(transport)
+	}
+	retrying, err := idemclient.NewTransport(transport, &idemclient.Policy{
+		// Up to about 10 s of retries: long enough to outlast a restart
+		// of the service.
+		MaxAttempts: 26,
+		MinBackoff:  5 * time.Millisecond,
+		MaxBackoff:  500 * time.Millisecond,
+	})
+	if err != nil {
+		panic(err) // the policy above is valid
+	}
+	return &http.Client{Transport: retryCounter{retrying, retries}, Timeout: time.Minute}
+}
+
+// newNaiveClient returns the client the demo compares idemclient with:
+// go-retryablehttp with its defaults (4 retries, 1 s to 30 s apart, of
+// connection errors, 429 and 5xx) and a new Idempotency-Key on every
+// attempt, the mistake a hand-written retry makes. It sends through
+// wrap(transport) (nil: the transport), one connection per attempt as
+// newRetryingClient does, and counts the retries.
+func newNaiveClient(retries *atomic.Int64, wrap func(http.RoundTripper) http.RoundTripper) *http.Client {
+	c := retryablehttp.NewClient()
 	var transport http.RoundTripper = &http.Transport{DisableKeepAlives: true}
 	if wrap != nil {
 		transport = wrap(transport)
 	}
 	c.HTTPClient = &http.Client{Transport: transport, Timeout: 10 * time.Second}
-	// Up to about 10 s of retries: long enough to outlast a restart of
-	// the service.
-	c.RetryMax = 25
-	c.RetryWaitMin = 5 * time.Millisecond
-	c.RetryWaitMax = 500 * time.Millisecond
 	c.Logger = nil
-	c.RequestLogHook = func(_ retryablehttp.Logger, _ *http.Request, attempt int) {
+	c.RequestLogHook = func(_ retryablehttp.Logger, req *http.Request, attempt int) {
 		if attempt > 0 {
 			retries.Add(1)
+			req.Header.Set("Idempotency-Key", uuid.NewString())
 		}
 	}
-	c.CheckRetry = func(ctx context.Context, res *http.Response, err error) (bool, error) {
-		if err == nil && res.StatusCode == http.StatusConflict && ctx.Err() == nil {
-			return true, nil // the first attempt is still running: ask again
-		}
-		return retryablehttp.DefaultRetryPolicy(ctx, res, err)
+	return c.StandardClient()
+}
+
+// retryCounter adds the retries of each request sent through next, an
+// idemclient.Transport, to retries.
+type retryCounter struct {
+	next    http.RoundTripper
+	retries *atomic.Int64
+}
+
+func (c retryCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.next.RoundTrip(req)
+	var noAnswer *idemclient.RetryError
+	if res, ok := idemclient.ResultOf(resp); ok {
+		c.retries.Add(int64(res.Attempts - 1))
+	} else if errors.As(err, &noAnswer) {
+		c.retries.Add(int64(noAnswer.Attempts - 1))
 	}
-	return c
+	return resp, err
 }
 
 // newAPIClient returns the client generated from the service's spec

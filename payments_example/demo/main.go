@@ -7,9 +7,9 @@
 // the answers after the service has acted, and sends 300 payments through
 // it; halfway through, it kills the service (SIGKILL) and starts it
 // again. The client is the one generated from the service's OpenAPI spec
-// (package api), over a go-retryablehttp client that retries every
-// failure with the payment's Idempotency-Key: spec, server and client,
-// exactly once. Then it waits until every payment is settled at the
+// (package api), over idemclient's retrying transport, which retries what
+// may not have gone through with the payment's Idempotency-Key: spec,
+// server and client, exactly once. Then it waits until every payment is settled at the
 // processor and checks the account and the processor: with idem, the
 // balance is exact and the processor charged each payment once. It then
 // sends the same traffic, through the same lossy network and with the same
@@ -88,7 +88,7 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, timeLimit)
 	defer cancel()
 
-	with, _, err := run(ctx, os.Stdout, makePlan(), makeChargePlan(), nil)
+	with, _, _, err := run(ctx, os.Stdout, makePlan(), makeChargePlan(), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
@@ -99,30 +99,31 @@ func main() {
 }
 
 // run plays both halves of the demo with plan, and the charges of
-// charges with the service with idem, reports them on out and returns
-// them. wrap, if not nil, wraps the transport of every request the demo
+// charges with the service with idem, then plan once more against the
+// service with idem from a naive client (go-retryablehttp's defaults, a
+// new key per attempt), reports them on out and returns them. wrap, if not nil, wraps the transport of every request the demo
 // sends to the service (the tests check them against the spec).
-func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, wrap func(http.RoundTripper) http.RoundTripper) (with, without outcome, err error) {
+func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, wrap func(http.RoundTripper) http.RoundTripper) (with, without, naive outcome, err error) {
 	pool, cleanup, err := freshDatabase(ctx, serverURL())
 	if err != nil {
-		return with, without, err
+		return with, without, naive, err
 	}
 	defer cleanup()
 	if err := payments.Migrate(ctx, pool); err != nil {
-		return with, without, err
+		return with, without, naive, err
 	}
 	if err := settlement.Migrate(ctx, pool); err != nil {
-		return with, without, err
+		return with, without, naive, err
 	}
 	dir, err := os.MkdirTemp("", "idem-demo-")
 	if err != nil {
-		return with, without, err
+		return with, without, naive, err
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintln(out, "Building the service (go build)...")
 	bins, err := build(ctx, dir, serviceCmd, unprotectedCmd)
 	if err != nil {
-		return with, without, err
+		return with, without, naive, err
 	}
 
 	fmt.Fprintf(out, "Sending %d payments (%d workers) through a network that loses %.0f%% of the\n"+
@@ -137,13 +138,19 @@ func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, w
 
 	h := half{pool: pool, dbURL: pool.Config().ConnString(), dir: dir, plan: plan, charges: charges, wrap: wrap}
 	if with, err = h.play(ctx, bins[0], true); err != nil {
-		return with, without, fmt.Errorf("with idem: %w", err)
+		return with, without, naive, fmt.Errorf("with idem: %w", err)
 	}
 	if without, err = h.play(ctx, bins[1], false); err != nil {
-		return with, without, fmt.Errorf("without idem: %w", err)
+		return with, without, naive, fmt.Errorf("without idem: %w", err)
+	}
+	naiveHalf := h
+	naiveHalf.naive = true
+	if naive, err = naiveHalf.play(ctx, bins[0], true); err != nil {
+		return with, without, naive, fmt.Errorf("naive client: %w", err)
 	}
 	report(out, with, without)
-	return with, without, nil
+	reportNaive(out, with, naive)
+	return with, without, naive, nil
 }
 
 // makePlan returns the payments to send. A real client calls uuid.New()
@@ -217,6 +224,9 @@ type half struct {
 	// charges are sent to the service with idem, alongside plan.
 	charges []charge
 	wrap    func(http.RoundTripper) http.RoundTripper
+	// naive sends the payments through newNaiveClient, and nothing else:
+	// no charges, no wait for settlement, no metrics.
+	naive bool
 }
 
 // play runs the service bin as a child process against a fake processor,
@@ -292,7 +302,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	account, apiKey := created.JSON201.Id, created.JSON201.ApiKey
 
 	var ch *charger // the charges, with idem
-	if async {
+	if async && !h.naive {
 		chargeProxy := newLossyProxy(svc.url, seed+1, lossRate)
 		chargeProxyURL, stopChargeProxy, err := serve(ctx, chargeProxy)
 		if err != nil {
@@ -306,7 +316,11 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	}
 
 	var retries, answered atomic.Int64
-	payer, err := newAPIClient(proxyURL, apiKey, newRetryingClient(&retries, h.wrap).StandardClient())
+	retrying := newRetryingClient(&retries, h.wrap)
+	if h.naive {
+		retrying = newNaiveClient(&retries, h.wrap)
+	}
+	payer, err := newAPIClient(proxyURL, apiKey, retrying)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -356,7 +370,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	if err != nil {
 		return outcome{}, err
 	}
-	if async {
+	if async && !h.naive {
 		if o.settling, err = waitSettled(ctx, owner, ids, lastAnswer); err != nil {
 			return outcome{}, err
 		}
@@ -372,7 +386,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		return outcome{}, fmt.Errorf("read the account: status %d", got.StatusCode())
 	}
 	o.actual = got.JSON200.Balance
-	if async {
+	if async && !h.naive {
 		// The service counts its calls too, from its start: these are the
 		// restarted run's.
 		if o.metrics, err = scrape(ctx, metricsURL); err != nil {
@@ -426,12 +440,7 @@ func waitSettled(ctx context.Context, client *api.ClientWithResponses, ids []uui
 }
 
 func report(out io.Writer, with, without outcome) {
-	row := func(name string, a, b any) { fmt.Fprintf(out, "  %-28s %16v %16v\n", name, a, b) }
-	row("", "with idem", "without idem")
-	row("payments sent", with.sent, without.sent)
-	row("answers lost", with.lost, without.lost)
-	row("retries", with.retries, without.retries)
-	row("replays served", with.replays, without.replays)
+	row := headRows(out, "with idem", "without idem", with, without)
 	row("service killed (SIGKILL)", with.kills, without.kills)
 	row("charges committed", with.charges, without.charges)
 	row("duplicate charges", with.duplicates(), without.duplicates())
@@ -496,6 +505,32 @@ func scrape(ctx context.Context, url string) ([]callmetrics.Count, error) {
 		return nil, fmt.Errorf("GET /metrics: status %d", res.StatusCode)
 	}
 	return callmetrics.Read(res.Body)
+}
+
+// headRows prints the heading of a table that sets a beside b, and the
+// rows every such table starts with, and returns the function that
+// prints the next rows.
+func headRows(out io.Writer, aName, bName string, a, b outcome) func(name string, a, b any) {
+	row := func(name string, a, b any) { fmt.Fprintf(out, "  %-28s %16v %16v\n", name, a, b) }
+	row("", aName, bName)
+	row("payments sent", a.sent, b.sent)
+	row("answers lost", a.lost, b.lost)
+	row("retries", a.retries, b.retries)
+	row("replays served", a.replays, b.replays)
+	return row
+}
+
+// reportNaive prints the naive client's run beside idemclient's: the same
+// payments, the same service with idem, the same lossy network and kill.
+func reportNaive(out io.Writer, with, naive outcome) {
+	fmt.Fprintf(out, "\nThe same payments to the same service with idem, from two clients: idemclient\n"+
+		"(one key per payment, kept across attempts) and a naive one (go-retryablehttp's\n"+
+		"defaults, a new Idempotency-Key on every attempt):\n")
+	row := headRows(out, "idemclient", "naive client", with, naive)
+	row("payments failed", len(with.failed), len(naive.failed))
+	row("charges committed", with.charges, naive.charges)
+	row("duplicate charges", with.duplicates(), naive.duplicates())
+	row("overcharged", usd(with.expected-with.actual), usd(naive.expected-naive.actual))
 }
 
 // usd formats cents as "1,234.56 USD".

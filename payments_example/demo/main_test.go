@@ -30,7 +30,7 @@ func TestPlay(t *testing.T) {
 	spec := spectest.New(t)
 	wrap := func(rt http.RoundTripper) http.RoundTripper { return spec.Transport(t, rt) }
 	var out bytes.Buffer
-	with, without, err := run(t.Context(), &out, makePlan()[:60], makeChargePlan()[:30], wrap)
+	with, without, naive, err := run(t.Context(), &out, makePlan()[:60], makeChargePlan()[:30], wrap)
 	t.Logf("\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +56,11 @@ func TestPlay(t *testing.T) {
 	// processor is a charge without a payment.
 	if without.duplicates() <= 0 || without.lost == 0 || without.replays != 0 || without.actual >= without.expected {
 		t.Fatalf("without idem: %+v; want duplicate charges, no replay, a balance under %d", without, without.expected)
+	}
+	// A new key per attempt turns the lost answers into duplicates, idem
+	// or not.
+	if naive.duplicates() <= 0 || naive.replays != 0 {
+		t.Fatalf("naive client: %+v; want duplicate charges and no replay", naive)
 	}
 	if without.processorDuplicates() <= without.duplicates() {
 		t.Fatalf("without idem: %+v; want more duplicates at the processor than in the service", without)

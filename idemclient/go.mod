@@ -1,0 +1,37 @@
+module github.com/idemhq/idem/idemclient
+
+go 1.26.0
+
+require (
+	github.com/google/uuid v1.6.0
+	github.com/hashicorp/go-retryablehttp v0.7.8
+	github.com/idemhq/idem v0.1.0
+	github.com/idemhq/idem/idemgrpc v0.1.0
+	github.com/jackc/pgx/v5 v5.13.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261123191846-1e707ab9fbc2
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/jackc/pgerrcode v0.0.0-20250907135507-afb5586c32a6 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)
+
+// The root module (and idemgrpc, which the tests run against) are required
+// at the release this module is tagged with; replace builds them, here,
+// against the code beside it. A user's build ignores replace and takes the
+// tagged release.
+replace (
+	github.com/idemhq/idem => ../
+	github.com/idemhq/idem/idemgrpc => ../idemgrpc
+)
