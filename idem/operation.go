@@ -132,8 +132,11 @@ type Resumer interface {
 // StatusUnfinished, Sweep leaves it alone and Stats counts it; once it
 // finished, Do with its key and request hash replays its answer.
 //
-// Operations need a Client on a *pgxpool.Pool (the lease is renewed on a
-// connection of its own while a step runs) and the plain table layout.
+// Operations need a Client on a *pgxpool.Pool and the plain table layout.
+// While owners work, the Operation keeps one connection of its own beside
+// the pool, opened with the pool's settings and hooks (BeforeConnect,
+// AfterConnect), on which it renews their leases; it closes it shortly
+// after the last owner stops.
 // docs/EXTERNAL_EFFECTS.md says when to use an Operation, Do, or a job
 // after the answer.
 type Operation[Req, Resp any] struct {
