@@ -20,7 +20,7 @@ var (
 
 // applySchema is what every error about a missing or malformed key table
 // tells the operator to do.
-const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPartitioned) or `idem migrate` (safe to repeat)"
+const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPartitioned), `idem migrate`, or psql -f each schema/[0-9]*.sql in order (all safe to repeat)"
 
 // Check verifies, in two statements that read the catalog and write
 // nothing, that the Client can work with its key table, so that a
@@ -132,13 +132,16 @@ func deref(s *string) string {
 	return *s
 }
 
-// tableError adds what to do to err when the key table does not exist
-// (SQLSTATE 42P01), for the operations that can meet a missing table:
-// Sweep, Lookup, Forget and Stats.
+// tableError adds what to do to err when a table of the key table's schema
+// does not exist (SQLSTATE 42P01: the key table, or an operations' table
+// of schema/002, which PostgreSQL's message names), for the calls that can
+// meet a missing table: Sweep, Lookup, Forget, Stats and operations.
 func tableError(table, op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
-		return fmt.Errorf("idem: %s: the key table %s does not exist: %s: %w", op, table, applySchema, err)
+		// PostgreSQL's message names the table that is missing: the key
+		// table, or one of the operations' tables (schema/002) beside it.
+		return fmt.Errorf("idem: %s: a table of the key table %s's schema does not exist: %s: %w", op, table, applySchema, err)
 	}
 	return fmt.Errorf("idem: %s: %w", op, err)
 }

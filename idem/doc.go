@@ -56,8 +56,8 @@
 // Run does the same and also reports the Outcome (executed, replayed, ...)
 // and gives fn a context carrying the key, from which CallKey.Derive makes
 // the key for a downstream service. Wrap does it for a service method, and
-// the idemhttp package for an HTTP handler. The table comes from the schema
-// package (or schema/001_idempotency_keys.sql).
+// the idemhttp package for an HTTP handler. The tables come from the schema
+// package (or every schema/[0-9]*.sql, applied in order).
 //
 // # Configuration
 //

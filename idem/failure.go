@@ -101,7 +101,7 @@ func claimError(c *call, err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case pgerrcode.UndefinedTable:
-			return fmt.Errorf("idem: the key table %s does not exist: create it with schema.ApplyTable (or psql -f schema/001_idempotency_keys.sql) before the first call: %w", c.s.table, err)
+			return fmt.Errorf("idem: the key table %s does not exist: %s before the first call: %w", c.s.table, applySchema, err)
 		case pgerrcode.UndefinedColumn, pgerrcode.UndefinedFunction, pgerrcode.DatatypeMismatch:
 			return fmt.Errorf("idem: the key table %s does not have the expected columns: apply the schema again with schema.ApplyTable (safe to repeat): %w", c.s.table, err)
 		}

@@ -2,12 +2,18 @@ package integration_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/sqltext"
 	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/schema"
 )
@@ -122,5 +128,50 @@ func TestPartitionedSchemaFilesWithPsql(t *testing.T) {
 	cmd := exec.Command(psql, url, "-v", "ON_ERROR_STOP=1", "-qf", files[1])
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is not partitioned") {
 		t.Fatalf("on a plain table: %v: %s", err, out)
+	}
+}
+
+// A database that has only schema/001 (the key table) runs Do, and every
+// call that needs the operations' tables of schema/002 fails with an error
+// that names the table that is missing, not the key table that exists.
+func TestSchemaWithoutItsOperationsTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSetup(t)
+	files, err := schema.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := sqltext.ParseTable("only001.keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "CREATE SCHEMA only001; "+tbl.Rewrite(files[0].SQL)); err != nil {
+		t.Fatal(err)
+	}
+	client, err := idem.NewClient(s.pool, &idem.Config{Table: "only001.keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, client, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
+		t.Fatalf("Do on the key table alone: %v", err)
+	}
+	_, statsErr := client.Stats(ctx)
+	_, forgetErr := client.Forget(ctx, "", "k")
+	for name, err := range map[string]error{"Stats": statsErr, "Forget": forgetErr} {
+		if err == nil || !strings.Contains(err.Error(), `"only001.keys_operations" does not exist`) && !strings.Contains(err.Error(), `"keys_operations" does not exist`) {
+			t.Errorf("%s: %v; want an error naming keys_operations", name, err)
+		}
+	}
+}
+
+// schema.Apply with no database is an error wrapping ErrInvalidOption, as
+// every other constructor answers, not a panic.
+func TestSchemaApplyNilDatabase(t *testing.T) {
+	t.Parallel()
+	for _, db := range []schema.Execer{nil, (*pgxpool.Pool)(nil)} {
+		if err := schema.Apply(context.Background(), db); !errors.Is(err, idem.ErrInvalidOption) {
+			t.Errorf("Apply(%T): %v; want ErrInvalidOption", db, err)
+		}
 	}
 }

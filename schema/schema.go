@@ -15,6 +15,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -106,6 +107,9 @@ func ApplyPartitioned(ctx context.Context, db Execer, table string, interval tim
 }
 
 func apply(ctx context.Context, db Execer, t sqltext.Table, table string, scripts []File, prelude string) error {
+	if v := reflect.ValueOf(db); db == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("%w: schema: nil database (a nil %T)", idem.ErrInvalidOption, db)
+	}
 	var b strings.Builder
 	// One multi-statement string runs as one implicit transaction: either
 	// every file applies or none does. The lock keeps concurrent starts from
