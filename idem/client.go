@@ -90,7 +90,9 @@ type Config struct {
 	// Idle time counts only between statements, so set it above the longest
 	// pause fn makes: the timeout of any call to another service made inside
 	// fn. A call whose fn pauses longer fails with a retryable error
-	// (SQLSTATE 25P03) and nothing committed. Defaults to
+	// (SQLSTATE 25P03, wrapped in a message that names this setting and
+	// idem.Operation, the place for work that waits outside the database)
+	// and nothing committed. Defaults to
 	// DefaultIdleTimeout (60s); rounded up to whole milliseconds. A negative
 	// value sends nothing and leaves the server's setting in force.
 	//

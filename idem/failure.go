@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -107,6 +109,30 @@ func claimError(c *call, err error) error {
 		}
 	}
 	return fmt.Errorf("idem: claim key: %w", err)
+}
+
+// idleError names the setting that ended the call's transaction when the
+// server ended its session for sitting idle in it (SQLSTATE 25P03), which
+// pgx reports as a bare FATAL: fn paused between statements (an external
+// call, most often) past Config.IdleTimeout, or past the outer
+// transaction's own idle_in_transaction_session_timeout when outer. err
+// stays wrapped, so errors.Is, errors.As and Retryable see what they saw.
+func idleError(c *call, outer bool, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.IdleInTransactionSessionTimeout {
+		return err
+	}
+	limit := "the server's idle_in_transaction_session_timeout (Config.IdleTimeout is negative: idem sets none)"
+	switch {
+	case outer:
+		limit = "the outer transaction's idle_in_transaction_session_timeout (Config.IdleTimeout does not apply to a call on an outer transaction)"
+	case c.s.idle != nil:
+		ms, _ := strconv.ParseInt(c.s.idle[0].(string), 10, 64)
+		limit = fmt.Sprintf("Config.IdleTimeout (%v)", time.Duration(ms)*time.Millisecond)
+	}
+	return fmt.Errorf("idem: the server ended the call's transaction, which sent no statement for longer than %s; "+
+		"everything rolled back and the key is free. Work that waits outside the database (a call to another service) "+
+		"belongs in an idem.Operation, whose external steps hold no transaction open, or raise the timeout above fn's longest pause: %w", limit, err)
 }
 
 // cleanupContext is ctx for a rollback: its values, not its cancellation.

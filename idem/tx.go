@@ -113,6 +113,13 @@ type querier interface {
 
 // attempt runs the protocol once on the transport fitting db.
 func attempt[T any, W work[T]](ctx context.Context, db Beginner, c *call, fn W) (T, Outcome, error) {
+	v, outcome, err := attemptOn[T](ctx, db, c, fn)
+	_, outer := db.(pgx.Tx)
+	return v, outcome, idleError(c, outer, err)
+}
+
+// attemptOn is attempt, on the session that suits db.
+func attemptOn[T any, W work[T]](ctx context.Context, db Beginner, c *call, fn W) (T, Outcome, error) {
 	switch d := db.(type) {
 	case *pgxpool.Pool:
 		conn, err := d.Acquire(ctx)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+
+	"github.com/idemhq/idem/internal/httpenvelope"
 )
 
 // capture is the http.ResponseWriter handed to the handler. It holds the
@@ -125,7 +127,7 @@ func (c *capture) finish() {
 
 // full is the captured response as the handler wrote it.
 func (c *capture) full() response {
-	return response{status: c.status, header: c.header, body: c.body.Bytes()}
+	return response{httpenvelope.Response{Status: c.status, Header: c.header, Body: c.body.Bytes()}}
 }
 
 // stored is the captured response reduced to the headers that are replayed.
@@ -136,5 +138,5 @@ func (c *capture) stored(names []string) response {
 			h[name] = slices.Clone(v)
 		}
 	}
-	return response{status: c.status, header: h, body: c.body.Bytes()}
+	return response{httpenvelope.Response{Status: c.status, Header: h, Body: c.body.Bytes()}}
 }

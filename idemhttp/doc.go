@@ -49,6 +49,31 @@
 // the same key, scope and problem rules, and lets a waiting client choose
 // 202 Accepted with a Location to poll (ServeStatus) instead of 409.
 //
+// A 5xx is never stored, although the IETF draft (section 2.6) says a
+// resource SHOULD replay error answers too: a 5xx reports a technical
+// failure (the database, a dependency, a bug), and storing it would commit
+// the key with writes that the failure left half done, or hold the retry to
+// a failure that has passed. Rolling the key back with the handler's writes
+// leaves nothing behind, so the retry with the same key runs cleanly. What
+// the draft's rule protects, an outcome the client must not see change, is
+// kept: successes and the refusals that report what the operation decided
+// (DefaultStoreStatus: 402, 404, a 409 of the handler's own, ...) are
+// stored and replayed.
+//
 // The middleware's own answers are RFC 9457 problem documents whose types
-// are the Problem* constants, or whatever Config.WriteProblem renders.
+// are the Problem* constants, or whatever Config.WriteProblem renders. A
+// handler that calls idem itself (idem.Wrap's function, idem.Run,
+// idem.Operation.Run) without the middleware answers the call's errors with
+// the same documents through WriteOutcome.
+//
+// Browsers: Idempotency-Key is not a CORS-safelisted request header, so a
+// browser sends a preflight (OPTIONS) before a cross-origin request that
+// carries one, and sends the request only if the answer lists the header
+// in Access-Control-Allow-Headers. Idempotent-Replayed, Retry-After and
+// Location are not safelisted response headers: a script reads them only
+// if Access-Control-Expose-Headers lists them. Put the CORS layer in front
+// of the middleware, so that it answers preflights (the middleware passes
+// OPTIONS through untouched, as every method Config.Methods leaves out)
+// and marks the middleware's own answers (409, 422, 503) too; a browser
+// hides an answer without Access-Control-Allow-Origin from the script.
 package idemhttp

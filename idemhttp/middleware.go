@@ -221,19 +221,18 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 		return captured.full().writeTo(w, false, nil)
 	case errors.Is(err, errResponseTooLarge) || errors.Is(err, idem.ErrResultTooLarge):
 		return h.fail(w, r, ProblemResponseTooLarge, fmt.Sprintf("the response exceeds %d bytes and was not stored; nothing was committed", h.m.cfg.MaxResponseBytes), err)
-	case errors.Is(err, idem.ErrMismatch):
-		return h.problem(w, r, ProblemKeyMismatch, "this key was used with a different request; use a new key for a new request")
-	case errors.Is(err, idem.ErrInProgress):
-		return h.problem(w, r, ProblemInProgress, "a request with this key is being processed; retry later with the same key")
-	case errors.Is(err, idem.ErrOutcomeUnknown):
-		return h.fail(w, r, ProblemOutcomeUnknown, "the outcome of this request is unknown; retry with the same key to learn it", err)
-	case errors.Is(err, idem.ErrInvalidScope):
-		return h.problem(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key")
-	case idem.Retryable(err) || ctx.Err() != nil:
-		return h.fail(w, r, ProblemUnavailable, "the request could not be processed and left no trace; retry with the same key", err)
-	default:
-		return h.fail(w, r, ProblemInternal, "the request could not be processed", err)
 	}
+	typ, detail := callProblem(outcome, err, ctx.Err() != nil)
+	return h.failOrRefuse(w, r, typ, detail, err)
+}
+
+// failOrRefuse answers with the problem typ: a 5xx through fail, which
+// reports err, anything else through problem.
+func (h *handler) failOrRefuse(w http.ResponseWriter, r *http.Request, typ, detail string, err error) int {
+	if problemStatus[typ] >= 500 {
+		return h.fail(w, r, typ, detail, err)
+	}
+	return h.problem(w, r, typ, detail)
 }
 
 // observer is the Observer the middleware's calls report to.

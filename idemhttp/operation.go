@@ -240,38 +240,23 @@ func (o *OperationHandler[Req, Resp]) ServeHTTP(w http.ResponseWriter, r *http.R
 		return
 	}
 	resp, outcome, err := o.op.Run(ctx, key, req)
-
-	var refusal *idem.Refusal
-	switch {
-	case err == nil && (outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed):
+	if err == nil && (outcome == idem.OutcomeExecuted || outcome == idem.OutcomeReplayed) {
 		o.respond(w, r, resp, outcome == idem.OutcomeReplayed)
-	case (outcome == idem.OutcomeRefused || outcome == idem.OutcomeReplayed) && errors.As(err, &refusal):
-		o.refused(w, r, refusal, outcome == idem.OutcomeReplayed)
-	case errors.Is(err, idem.ErrMismatch):
-		h.problem(w, r, ProblemKeyMismatch, "this key was used with a different request; use a new key for a new request")
-	case errors.Is(err, idem.ErrInProgress):
-		if !o.accept(w, r, ctx, key) {
-			h.problem(w, r, ProblemInProgress, "a request with this key is being processed; retry later with the same key")
-		}
-	case errors.Is(err, idem.ErrOutcomeUnknown):
-		h.fail(w, r, ProblemOutcomeUnknown, "the outcome of this request is unknown; retry with the same key to learn it", err)
-	case errors.Is(err, idem.ErrInvalidScope):
-		h.problem(w, r, ProblemInvalidRequest, "the request's principal cannot scope an idempotency key")
-	case outcome == idem.OutcomeInvalid && errors.Is(err, idem.ErrInvalidOption):
-		// Decode accepted the body, but the request cannot be stored or
-		// hashed exactly (two keys equal under case folding, invalid
-		// UTF-8): bad input, answered as the middleware answers a body it
-		// cannot fingerprint.
-		h.refuse(w, r, ProblemInvalidRequest, "the request could not be fingerprinted")
-	case errors.Is(err, idem.ErrResultTooLarge):
-		h.fail(w, r, ProblemResponseTooLarge, "the operation's result exceeds the size the service stores; it was not stored", err)
-	case outcome == idem.OutcomeFailed && o.wantsAsync(r) && o.holds(ctx, key) && o.accept(w, r, ctx, key):
+		return
+	}
+	if refusal, ok := storedRefusal(outcome, err); ok {
+		writeRefusal(w, r, &h.m.cfg, refusal, outcome == idem.OutcomeReplayed)
+		return
+	}
+	typ, detail := callProblem(outcome, err, ctx.Err() != nil)
+	switch {
+	case typ == ProblemInProgress && o.accept(w, r, ctx, key):
+	case (typ == ProblemUnavailable || typ == ProblemInternal) && outcome == idem.OutcomeFailed &&
+		o.wantsAsync(r) && o.holds(ctx, key) && o.accept(w, r, ctx, key):
 		// The operation stays unfinished under the key: the poll, a retry
 		// or the completer takes it from here.
-	case idem.Retryable(err) || ctx.Err() != nil:
-		h.fail(w, r, ProblemUnavailable, "the operation did not finish; retry with the same key to continue it", err)
 	default:
-		h.fail(w, r, ProblemInternal, "the operation did not finish", err)
+		h.failOrRefuse(w, r, typ, detail, err)
 	}
 }
 
@@ -336,21 +321,6 @@ func (o *OperationHandler[Req, Resp]) respond(w http.ResponseWriter, r *http.Req
 	w.WriteHeader(status)
 	// A write error means the client left; the outcome is already settled.
 	_, _ = w.Write(body)
-}
-
-// refused writes the refusal the operation stored: ProblemRefused with the
-// refusal's 4xx status, or 422.
-func (o *OperationHandler[Req, Resp]) refused(w http.ResponseWriter, r *http.Request, refusal *idem.Refusal, replayed bool) {
-	cfg := &o.h.m.cfg
-	p := cfg.problemFor(ProblemRefused, refusal.Message)
-	p.Code = refusal.Code
-	if refusal.Status >= 400 && refusal.Status <= 499 {
-		p.Status = refusal.Status
-	}
-	if replayed {
-		w.Header().Set(HeaderReplayed, "true")
-	}
-	writeProblemValue(w, r, cfg, p)
 }
 
 // scopeOf is the scope a request's call runs in: what the handler's scope

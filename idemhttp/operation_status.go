@@ -75,7 +75,7 @@ func (o *OperationHandler[Req, Resp]) ServeStatus(w http.ResponseWriter, r *http
 		h.fail(w, r, ProblemInternal, "the operation's answer cannot be read back",
 			errors.New("idemhttp: the answer is sealed and the handler's Client has no Sealer; give it the Client the operation was made with"))
 	case rec.Refusal != nil:
-		o.refused(w, r, rec.Refusal, true)
+		writeRefusal(w, r, &h.m.cfg, rec.Refusal, true)
 	default:
 		v, err := idem.DecodeResult[Resp](rec)
 		if err != nil {

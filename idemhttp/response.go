@@ -1,137 +1,28 @@
 package idemhttp
 
 import (
-	"bytes"
-	"encoding/binary"
-	"errors"
-	"fmt"
 	"net/http"
-	"slices"
+
+	"github.com/idemhq/idem/internal/httpenvelope"
 )
 
-// response is what the middleware stores under a key: the handler's status,
-// the replayable subset of its headers, and its body.
-//
-// It encodes itself in a compact binary form, so a body is stored as its
-// bytes rather than as base64 inside JSON:
-//
-//	version byte (1)
-//	uvarint status
-//	uvarint number of header fields
-//	per field: uvarint len, name, uvarint len, value (names sorted)
-//	body: the remaining bytes
-type response struct {
-	status int
-	header http.Header
-	body   []byte
-}
+// response is what the middleware stores under a key, in the binary form
+// of httpenvelope (a body is stored as its bytes, not as base64 in JSON).
+type response struct{ httpenvelope.Response }
 
-const responseVersion = 1
+// MarshalBinary is the envelope's. idem trusts only a MarshalBinary the
+// type declares, not one promoted from an embedded field.
+func (r response) MarshalBinary() ([]byte, error) { return r.Response.MarshalBinary() }
 
-// MarshalBinary encodes r in the form described on response.
-func (r response) MarshalBinary() ([]byte, error) {
-	names := make([]string, 0, len(r.header))
-	fields := 0
-	for name, values := range r.header {
-		names = append(names, name)
-		fields += len(values)
-	}
-	slices.Sort(names)
-	size := 1 + 2*binary.MaxVarintLen64 + len(r.body)
-	for _, name := range names {
-		for _, v := range r.header[name] {
-			size += 2*binary.MaxVarintLen64 + len(name) + len(v)
-		}
-	}
-	b := make([]byte, 0, size)
-	b = append(b, responseVersion)
-	b = binary.AppendUvarint(b, uint64(r.status))
-	b = binary.AppendUvarint(b, uint64(fields))
-	for _, name := range names {
-		for _, v := range r.header[name] {
-			b = appendString(b, name)
-			b = appendString(b, v)
-		}
-	}
-	return append(b, r.body...), nil
-}
-
-// UnmarshalBinary decodes the form MarshalBinary produces.
-func (r *response) UnmarshalBinary(data []byte) error {
-	if len(data) == 0 || data[0] != responseVersion {
-		return errors.New("idemhttp: stored response: unknown version")
-	}
-	d := decoder{b: data[1:]}
-	status := d.uvarint()
-	fields := d.uvarint()
-	// Only final statuses are ever stored; anything else is a tampered row.
-	if d.err == nil && (status < 200 || status > 599) {
-		return fmt.Errorf("idemhttp: stored response: status %d", status)
-	}
-	// Every field takes at least two bytes, which bounds the allocation.
-	if d.err == nil && fields > uint64(len(d.b)/2) {
-		return errors.New("idemhttp: stored response: truncated")
-	}
-	var header http.Header
-	if fields > 0 && d.err == nil {
-		header = make(http.Header)
-	}
-	for i := uint64(0); i < fields && d.err == nil; i++ {
-		name, value := d.string(), d.string()
-		header[name] = append(header[name], value)
-	}
-	if d.err != nil {
-		return d.err
-	}
-	*r = response{status: int(status), header: header, body: bytes.Clone(d.b)}
-	return nil
-}
-
-func appendString(b []byte, s string) []byte {
-	b = binary.AppendUvarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
-type decoder struct {
-	b   []byte
-	err error
-}
-
-var errTruncated = errors.New("idemhttp: stored response: truncated")
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errTruncated
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) string() string {
-	n := d.uvarint()
-	if d.err != nil {
-		return ""
-	}
-	if n > uint64(len(d.b)) {
-		d.err = errTruncated
-		return ""
-	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	return s
-}
+// UnmarshalBinary is the envelope's.
+func (r *response) UnmarshalBinary(data []byte) error { return r.Response.UnmarshalBinary(data) }
 
 // writeTo sends r to w, with Idempotent-Replayed: true when replayed, and
 // returns the status. allow, if not nil, lists the headers a stored response
 // may carry: a row edited in the table cannot make a replay set a cookie.
 func (r response) writeTo(w http.ResponseWriter, replayed bool, allow map[string]bool) int {
 	h := w.Header()
-	for name, values := range r.header {
+	for name, values := range r.Header {
 		if allow == nil || allow[name] {
 			h[name] = values
 		}
@@ -139,8 +30,8 @@ func (r response) writeTo(w http.ResponseWriter, replayed bool, allow map[string
 	if replayed {
 		h.Set(HeaderReplayed, "true")
 	}
-	w.WriteHeader(r.status)
+	w.WriteHeader(r.Status)
 	// A write error means the client left; the outcome is already settled.
-	_, _ = w.Write(r.body)
-	return r.status
+	_, _ = w.Write(r.Body)
+	return r.Status
 }

@@ -73,7 +73,9 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disa
 
 // defaultMetricsAddr is where GET /metrics is served when neither
 // -metrics-addr nor METRICS_ADDR says: the loopback interface, on the
-// OpenTelemetry Prometheus exporter's usual port.
+// OpenTelemetry Prometheus exporter's usual port. When another process
+// holds that port (a second instance on one machine), the service serves
+// its metrics on an ephemeral port instead and logs it (listenMetrics).
 const defaultMetricsAddr = "127.0.0.1:9464"
 
 // The server's limits on slow or silent clients. Without them, a client
@@ -136,7 +138,8 @@ func main() {
 	set := defaultSettings()
 	addr := flag.String("addr", "127.0.0.1:8080", "address of the API, host:port")
 	metricsAddr := flag.String("metrics-addr", envOr("METRICS_ADDR", defaultMetricsAddr),
-		"address of GET /metrics, host:port, for the operator's network only (default $METRICS_ADDR, else "+defaultMetricsAddr+"; empty: no metrics served)")
+		"address of GET /metrics, host:port, for the operator's network only (default $METRICS_ADDR, else "+defaultMetricsAddr+
+			", or an ephemeral port when another process holds it; port 0: an ephemeral port; the address is logged; empty: no metrics served)")
 	flag.DurationVar(&set.sweepEvery, "sweep-every", set.sweepEvery, "how often to delete expired idempotency keys")
 	flag.StringVar(&set.processorURL, "processor", os.Getenv("PROCESSOR_URL"),
 		"payment processor base URL, https unless on loopback; every payment is settled there (default $PROCESSOR_URL; none: payments are not settled)")
@@ -163,6 +166,11 @@ Flags:
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	// Only the default gives way to an ephemeral port: an address the
+	// operator chose is what a scrape config names, so it is used or the
+	// service does not start.
+	_, envAddr := os.LookupEnv("METRICS_ADDR")
+	metricsFallback := !envAddr && !isFlagSet("metrics-addr")
 	set.paymentRate = rate.Limit(*paymentRate)
 	if err := set.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "payments_example:", err)
@@ -179,10 +187,17 @@ Flags:
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("metrics", "err", err) }))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *addr, *metricsAddr, dbURL, log, set); err != nil {
+	if err := run(ctx, *addr, *metricsAddr, metricsFallback, dbURL, log, set); err != nil {
 		log.Error("payments_example stopped", "err", err)
 		os.Exit(1)
 	}
+}
+
+// isFlagSet reports whether the command line gave the flag name.
+func isFlagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // envOr returns the environment variable name, or def when it is unset.
@@ -215,8 +230,9 @@ func (set settings) check() error {
 }
 
 // run connects, creates the tables, and serves the API on addr and the
-// metrics on metricsAddr (none if empty) until ctx ends.
-func run(ctx context.Context, addr, metricsAddr, dbURL string, log *slog.Logger, set settings) error {
+// metrics on metricsAddr (none if empty; see listenMetrics for
+// metricsFallback) until ctx ends.
+func run(ctx context.Context, addr, metricsAddr string, metricsFallback bool, dbURL string, log *slog.Logger, set settings) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
@@ -231,12 +247,35 @@ func run(ctx context.Context, addr, metricsAddr, dbURL string, log *slog.Logger,
 	}
 	var metricsLn net.Listener
 	if metricsAddr != "" {
-		if metricsLn, err = new(net.ListenConfig).Listen(ctx, "tcp", metricsAddr); err != nil {
+		if metricsLn, err = listenMetrics(ctx, metricsAddr, metricsFallback, log); err != nil {
 			_ = ln.Close()
-			return fmt.Errorf("metrics listener: %w", err)
+			return err
 		}
 	}
 	return serve(ctx, ln, metricsLn, pool, log, set)
+}
+
+// listenMetrics listens on addr for GET /metrics and logs the address it
+// got (port 0 asks for an ephemeral one). When addr is taken and fallback
+// is set (addr is the default, which nobody asked for), it listens on an
+// ephemeral port of the same host instead, with a warning: a second
+// instance on one machine starts rather than exits, and its log says where
+// its metrics are. An address the operator gave is never replaced.
+func listenMetrics(ctx context.Context, addr string, fallback bool, log *slog.Logger) (net.Listener, error) {
+	lc := new(net.ListenConfig)
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil && fallback && errors.Is(err, syscall.EADDRINUSE) {
+		host, _, _ := net.SplitHostPort(addr)
+		if ln, err = lc.Listen(ctx, "tcp", net.JoinHostPort(host, "0")); err == nil {
+			log.Warn("metrics: the default address is in use (another instance?); serving metrics on an ephemeral port instead",
+				"default", addr, "addr", ln.Addr().String())
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return ln, nil
 }
 
 // serve serves the API on ln, and GET /metrics on metricsLn if it is not

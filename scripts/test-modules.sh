@@ -18,7 +18,9 @@
 #                         after another, each with its parallel subtests:
 #                         N processes take 1/N as long over them, and
 #                         between them run every test.
-# go vet is off: make test runs the full go vet first. GOTESTFLAGS is added
+# When anything failed, it ends with a summary: each failed spec, its
+# failed tests and packages. go vet is off: make test runs the full go vet
+# first. GOTESTFLAGS is added
 # to every go test command (e.g. GOTESTFLAGS='-run TestX$').
 #
 # Usage: test-modules.sh [-j JOBS] [-p PARALLEL] SPEC...
@@ -129,4 +131,19 @@ while [ $next -lt ${#specs[@]} ] || [ $running -gt 0 ]; do
     [ "$(cat "$tmp/$i.rc")" = 0 ] || status=1
   done
 done
+
+# A summary of what failed, last, where it is seen: each failed spec's
+# failed tests (--- FAIL, nested ones included), failed packages (FAIL
+# lines) and panics, from its output above.
+if [ $status -ne 0 ]; then
+  echo
+  echo "FAILED:"
+  for ((i = 0; i < ${#specs[@]}; i++)); do
+    [ "$(cat "$tmp/$i.rc")" = 0 ] && continue
+    echo "  go test -race ${specs[$i]}"
+    if ! grep -E -e '--- FAIL' -e $'^FAIL(\t|$)' -e '^panic: ' -e '\[(build|setup) failed\]' "$tmp/$i.log" | sed 's/^/    /'; then
+      echo "    no test failed: the build or the command did (see its output above)"
+    fi
+  done
+fi
 exit $status

@@ -8,10 +8,12 @@
 //	go run github.com/idemhq/idem/cmd/idem stats [-table T]
 //	go run github.com/idemhq/idem/cmd/idem count [-table T]
 //	go run github.com/idemhq/idem/cmd/idem inspect [-table T] [-scope S] [-operation OP] [-key-file F] KEY
+//	go run github.com/idemhq/idem/cmd/idem forget [-table T] [-scope S] [-operation OP] KEY
 //
 // The database is DATABASE_URL (default
-// postgres://postgres@127.0.0.1:5432/test?sslmode=disable); over a network,
-// give it sslmode=verify-full. Everything printed from the database is
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable, named on stderr
+// when used; forget refuses to use it); over a network, give it
+// sslmode=verify-full. Everything printed from the database is
 // escaped for the terminal. Exit codes: 0 success, 1 failure, 2 usage
 // error, 3 key not found (inspect).
 package main
@@ -23,8 +25,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,6 +38,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/httpenvelope"
 	"github.com/idemhq/idem/schema"
 )
 
@@ -77,7 +83,9 @@ Commands:
   stats     The table's health as a metrics scrape reads it (Client.Stats):
             estimated rows and live keys, keys in progress now and the
             oldest one's age, expired keys awaiting the sweeper (counted up
-            to 100000), the table's size. Never scans the table.
+            to 100000), the table's size, and the operations made of steps
+            that are unfinished and the oldest one's age. Never scans the
+            table.
   count     Count the keys exactly: live, expired awaiting the sweeper, in
             progress now, the size of the table and of each partition.
             Reads the whole table: on a large table prefer stats.
@@ -86,6 +94,13 @@ Commands:
             key's scope as stored (default empty); -operation names the
             Wrap operation that stored it (the scope is then Wrap's caller
             scope); -key-file opens a sealed row with the service's AES key.
+            A response stored by idemhttp is shown as its status, headers
+            and body.
+  forget    Delete one key (Client.Forget), so that the next request with it
+            runs again: for a deliberate reset, such as after a refund. What
+            the key recorded is not undone: a retry does it again. -scope
+            and -operation as for inspect. A key in progress is left alone
+            (exit 1); a key not found exits 3. Needs DATABASE_URL.
 
 Flags of every command:
   -table            the key table, optionally schema-qualified (default idempotency_keys)
@@ -94,7 +109,12 @@ Flags of every command:
                     is not given)
 
 Environment:
-  DATABASE_URL   the database (default ` + DefaultURL + `).
+  DATABASE_URL   the database (default ` + DefaultURL + `,
+                 the local development server: idem names it on stderr
+                 when it uses it, so that no command acts on a database
+                 that was not meant silently; forget, which deletes a
+                 key that may still be needed, refuses to run without
+                 DATABASE_URL rather than guess).
                  Over a network, use TLS that checks the server:
                  postgres://user:password@host/db?sslmode=verify-full&sslrootcert=ca.pem
                  Without sslmode, pgx uses sslmode=prefer, which falls back to
@@ -104,7 +124,8 @@ Environment:
 Everything printed from the database (bodies, refusals, names, the server's
 error messages) is escaped: control characters show as \x1b, \n, \u202e.
 
-Exit codes: 0 success, 1 failure, 2 usage error, 3 key not found (inspect).
+Exit codes: 0 success, 1 failure, 2 usage error, 3 key not found (inspect,
+forget).
 Run "idem <command> -h" for a command's flags.
 `
 
@@ -117,6 +138,7 @@ var commands = map[string]string{
 	"stats":   "",
 	"count":   "",
 	"inspect": "KEY",
+	"forget":  "KEY",
 }
 
 // run is the command: args without the program name; it returns the exit
@@ -155,9 +177,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		interval = fs.Duration("interval", schema.DefaultPartitionInterval, "partition interval with -partitioned (whole seconds, at least 1s)")
 	case "sweep":
 		every = fs.Duration("every", 0, "sweep every interval until interrupted (0: once)")
-	case "inspect":
+	case "inspect", "forget":
 		scope = fs.String("scope", "", "the key's scope, as stored; with -operation, the caller's scope given to Wrap")
 		operation = fs.String("operation", "", "the operation of idem.Wrap that stored the key")
+	}
+	if cmd == "inspect" {
 		keyFile = fs.String("key-file", "", "a file holding the AES key of the service's idem.NewAEADSealer (AES-GCM; hex, base64 or raw; 16, 24 or 32 bytes), to open sealed rows")
 	}
 	fs.Usage = func() {
@@ -196,16 +220,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	cfg := &idem.Config{Table: *table}
 	storedScope := ""
-	if cmd == "inspect" {
+	if scope != nil {
 		storedScope = *scope
 		if *operation != "" {
 			s, err := idem.WrapScope(*operation, *scope)
 			if err != nil {
-				say(stderr, "idem inspect: %s", strings.TrimPrefix(err.Error(), "idem: "))
+				say(stderr, "idem %s: %s", cmd, strings.TrimPrefix(err.Error(), "idem: "))
 				return exitUsage
 			}
 			storedScope = s
 		}
+	}
+	if keyFile != nil {
 		if *keyFile != "" {
 			sl, err := loadSealer(*keyFile)
 			if err != nil {
@@ -218,6 +244,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	url := getenv("DATABASE_URL")
 	if url == "" {
+		if cmd == "forget" {
+			say(stderr, "idem forget: DATABASE_URL is not set: set it to the database whose key to forget (forget never uses the default, %s)", DefaultURL)
+			return exitUsage
+		}
+		say(stderr, "idem: DATABASE_URL is not set; using %s", DefaultURL)
 		url = DefaultURL
 	}
 	pool, err := connect(ctx, url, *connectTimeout, isSet(fs, "connect-timeout"), stderr)
@@ -245,13 +276,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = count(ctx, pool, *table, stdout)
 	case "inspect":
 		err = inspect(ctx, keys, storedScope, fs.Arg(0), *keyFile != "", stdout)
-		if errors.Is(err, idem.ErrNotFound) {
-			say(stderr, "idem inspect: no key %q in scope %q in %s", fs.Arg(0), storedScope, keys.Table())
-			if *operation == "" {
-				say(stderr, "keys stored through idemhttp, idemgrpc or a scope in the context live in that scope: pass -scope; keys stored by idem.Wrap also need -operation")
-			}
-			return exitNotFound
+	case "forget":
+		err = forget(ctx, keys, storedScope, fs.Arg(0), stdout)
+	}
+	if errors.Is(err, idem.ErrNotFound) {
+		say(stderr, "idem %s: no key %q in scope %q in %s", cmd, fs.Arg(0), storedScope, keys.Table())
+		if *operation == "" {
+			say(stderr, "keys stored through idemhttp, idemgrpc or a scope in the context live in that scope: pass -scope; keys stored by idem.Wrap also need -operation")
 		}
+		return exitNotFound
 	}
 	if err != nil {
 		// Check names every problem it found, one error each: one line each.
@@ -375,7 +408,42 @@ func inspect(ctx context.Context, keys *idem.Client, scope, key string, haveKey 
 		return nil
 	}
 	w("result", "%d bytes", len(rec.Result))
+	if resp, ok := httpResponse(rec.Result); ok {
+		w("response", "%d %s (stored by idemhttp)", resp.Status, http.StatusText(resp.Status))
+		for _, name := range slices.Sorted(maps.Keys(resp.Header)) {
+			for _, v := range resp.Header[name] {
+				w("header", "%s: %s", name, v)
+			}
+		}
+		w("body", "%s", body(resp.Body))
+		return nil
+	}
 	w("body", "%s", body(rec.Result))
+	return nil
+}
+
+// httpResponse decodes a result that idemhttp stored: an HTTP response in
+// its binary envelope. JSON, what Do stores for most types, is never one.
+func httpResponse(b []byte) (httpenvelope.Response, bool) {
+	var resp httpenvelope.Response
+	if json.Valid(b) || resp.UnmarshalBinary(b) != nil {
+		return resp, false
+	}
+	return resp, true
+}
+
+// forget deletes the key; a key that holds nothing is ErrNotFound.
+func forget(ctx context.Context, keys *idem.Client, scope, key string, stdout io.Writer) error {
+	deleted, err := keys.Forget(ctx, scope, key)
+	switch {
+	case errors.Is(err, idem.ErrInProgress):
+		return fmt.Errorf("key %q is in progress now: a call or an operation's step holds it; left alone, look again later: %w", key, err)
+	case err != nil:
+		return err
+	case !deleted:
+		return idem.ErrNotFound
+	}
+	say(stdout, "%s: forgot key %q in scope %q; the next request with it runs again", keys.Table(), key, scope)
 	return nil
 }
 

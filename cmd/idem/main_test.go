@@ -144,20 +144,11 @@ func TestPlainTable(t *testing.T) {
 		t.Fatalf("sweep: exit %d, %s", code, out)
 	}
 	// A key in progress shows in stats and in inspect.
-	entered, release := make(chan struct{}), make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := idem.Do(ctx, keys, "busy", "h", func(pgx.Tx) (int, error) { close(entered); <-release; return 1, nil })
-		done <- err
-	}()
-	<-entered
+	release := holdKey(t, keys, "busy")
 	_, out, _ = idemCmd(ctx, url, "stats")
 	_, counted, _ := idemCmd(ctx, url, "count")
 	_, insp, _ := idemCmd(ctx, url, "inspect", "busy")
-	close(release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	release()
 	if !strings.Contains(out, "in progress:        1 (oldest running for") || !strings.Contains(counted, "in progress:        1 (oldest running for") || !strings.Contains(insp, "in_progress") {
 		t.Fatalf("a key in progress: stats\n%s\ncount\n%s\ninspect\n%s", out, counted, insp)
 	}

@@ -31,5 +31,6 @@ func stats(ctx context.Context, keys *idem.Client, w io.Writer) error {
 	say(w, "in progress:        %d%s", st.InProgress, oldest(st.InProgress, st.OldestInProgress))
 	say(w, "expired, unswept:   %s", expired)
 	say(w, "size:               %s", size(st.TableBytes))
+	say(w, "unfinished ops:     %d%s", st.Unfinished, oldest(st.Unfinished, st.OldestUnfinished))
 	return nil
 }

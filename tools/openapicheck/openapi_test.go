@@ -1,6 +1,8 @@
 package openapicheck
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/constant"
@@ -15,19 +17,38 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 )
 
 // componentsName is the file name services use in their $refs.
 const componentsName = "idempotency.yaml"
 
+// noDatabase is a Beginner for a Client that never reaches a database.
+type noDatabase struct{}
+
+func (noDatabase) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("no database") }
+
+// components is the document as a service publishes it, for a Client with
+// a key lifetime other than the default (OpenAPIComponents states it).
+func components(t *testing.T) []byte {
+	t.Helper()
+	keys, err := idem.NewClient(noDatabase{}, &idem.Config{TTL: 7 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idemhttp.OpenAPIComponents(keys)
+}
+
 // loadComponents loads the embedded document as kin-openapi sees it.
 func loadComponents(t *testing.T) *openapi3.T {
 	t.Helper()
-	doc, err := openapi3.NewLoader().LoadFromData(idemhttp.OpenAPIComponents())
+	doc, err := openapi3.NewLoader().LoadFromData(components(t))
 	if err != nil {
 		t.Fatalf("load %s: %v", componentsName, err)
 	}
@@ -76,9 +97,10 @@ func TestOpenAPIComponentsValidate(t *testing.T) {
 
 	loader := openapi3.NewLoader()
 	loader.IsExternalRefsAllowed = true
+	published := components(t)
 	loader.ReadFromURIFunc = func(_ *openapi3.Loader, u *url.URL) ([]byte, error) {
 		if strings.HasSuffix(u.Path, componentsName) {
-			return idemhttp.OpenAPIComponents(), nil
+			return published, nil
 		}
 		return nil, fmt.Errorf("unexpected reference to %s", u)
 	}

@@ -1,4 +1,4 @@
-package idemhttp
+package httpenvelope
 
 import (
 	"bytes"
@@ -20,16 +20,16 @@ func FuzzResponseRoundTrip(f *testing.F) {
 		h := http.Header{}
 		h[n1] = append(h[n1], v1)
 		h[n2] = append(h[n2], v2)
-		in := response{status: status, header: h, body: body}
+		in := Response{Status: status, Header: h, Body: body}
 		data, err := in.MarshalBinary()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out response
+		var out Response
 		if err := out.UnmarshalBinary(data); err != nil {
 			t.Fatalf("stored response does not decode: %v", err)
 		}
-		if out.status != in.status || !bytes.Equal(out.body, in.body) || !reflect.DeepEqual(out.header, in.header) {
+		if out.Status != in.Status || !bytes.Equal(out.Body, in.Body) || !reflect.DeepEqual(out.Header, in.Header) {
 			t.Fatalf("round trip: %+v, want %+v", out, in)
 		}
 	})
