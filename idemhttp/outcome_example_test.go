@@ -40,13 +40,14 @@ func ExampleWriteOutcome() {
 		Amount int `json:"amount"`
 	}
 	type chargeResp struct {
-		Amount int `json:"amount"`
+		ID     string `json:"id"`
+		Amount int    `json:"amount"`
 	}
 	charge := idem.Wrap(keys, "example.charge", func(_ context.Context, _ pgx.Tx, req chargeReq) (chargeResp, error) {
 		if req.Amount > 1000 {
 			return chargeResp{}, idem.Refuse("amount_too_large", "the amount is above the limit").WithStatus(http.StatusPaymentRequired)
 		}
-		return chargeResp{Amount: req.Amount}, nil // a real method writes through the transaction
+		return chargeResp{ID: "ch_1", Amount: req.Amount}, nil // a real method writes through the transaction
 	})
 
 	mux := http.NewServeMux()
@@ -80,8 +81,8 @@ func ExampleWriteOutcome() {
 	post("order-2", `{"amount":5000}`)
 	post("order-2", `{"amount":5000}`)
 	// Output:
-	// 201 replayed="" {"amount":500}
-	// 201 replayed="true" {"amount":500}
+	// 201 replayed="" {"id":"ch_1","amount":500}
+	// 201 replayed="true" {"id":"ch_1","amount":500}
 	// 422 replayed="" {"type":"/problems/key-mismatch","title":"Idempotency-Key reused for another request","status":422,"detail":"this key was used with a different request; use a new key for a new request"}
 	// 402 replayed="" {"type":"/problems/refused","title":"Request refused","status":402,"detail":"the amount is above the limit","code":"amount_too_large"}
 	// 402 replayed="true" {"type":"/problems/refused","title":"Request refused","status":402,"detail":"the amount is above the limit","code":"amount_too_large"}
