@@ -1,0 +1,10 @@
+package idemconsume_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/idemhq/idem/internal/testdb"
+)
+
+func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
