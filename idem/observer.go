@@ -79,6 +79,9 @@ type Observer interface {
 type CallStart struct {
 	Table string // the key table
 	Scope string // the scope the key is stored under
+	// Resume is true for Operation.Resume: a completer finishing an
+	// operation from its stored request, not a client's call.
+	Resume bool
 }
 
 // CallEnd is how a call ended.
@@ -100,4 +103,6 @@ type CallEnd struct {
 	// HTTPStatus is the status idemhttp answered for the request, 0 outside
 	// idemhttp.
 	HTTPStatus int
+	// Resume is true for Operation.Resume, as in CallStart.
+	Resume bool
 }

@@ -53,6 +53,10 @@ const (
 	WaitedKey = attribute.Key("idem.waited")
 	// TableKey is the key table. Spans and metrics.
 	TableKey = attribute.Key("idem.table")
+	// ResumeKey is true for a call of idem.Operation.Resume (a completer
+	// finishing an operation, not a client's call); absent otherwise.
+	// Spans and metrics.
+	ResumeKey = attribute.Key("idem.resume")
 	// OperationKey is the operation given to idem.Wrap, for calls of a
 	// wrapped function, and the name given to idem.NewOperation, for its
 	// steps. Spans and metrics.

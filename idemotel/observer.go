@@ -93,10 +93,13 @@ func New(opts ...Option) *Observer {
 // returns ctx with it. It implements idem.Observer.
 func (o *Observer) CallStart(ctx context.Context, c idem.CallStart) context.Context {
 	operation, scope := splitScope(c.Scope)
-	var buf [3]attribute.KeyValue
+	var buf [4]attribute.KeyValue
 	attrs := append(buf[:0], TableKey.String(c.Table))
 	if operation != "" {
 		attrs = append(attrs, OperationKey.String(operation))
+	}
+	if c.Resume {
+		attrs = append(attrs, ResumeKey.Bool(true))
 	}
 	if o.scopeOnSpans {
 		attrs = append(attrs, ScopeKey.String(scope))
@@ -113,7 +116,7 @@ func (o *Observer) CallEnd(ctx context.Context, c idem.CallEnd) {
 	if failure(c.Outcome) {
 		errType = errorType(&c)
 	}
-	set := o.set(setKey{c.Outcome, c.Refused, c.Table, operation, errType, c.HTTPStatus})
+	set := o.set(setKey{c.Outcome, c.Refused, c.Table, operation, errType, c.HTTPStatus, c.Resume})
 	if o.calls != nil {
 		o.calls.Add(ctx, 1, set)
 	}
@@ -189,6 +192,7 @@ type setKey struct {
 	operation string
 	errType   string
 	status    int
+	resume    bool
 }
 
 // set returns the metric attributes of k, built once per distinct k.
@@ -212,6 +216,9 @@ func (o *Observer) set(k setKey) metric.MeasurementOption {
 	}
 	if k.errType != "" {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(k.errType))
+	}
+	if k.resume {
+		attrs = append(attrs, ResumeKey.Bool(true))
 	}
 	s = metric.WithAttributeSet(attribute.NewSet(attrs...))
 	o.mu.Lock()

@@ -343,3 +343,40 @@ func TestStepOptIns(t *testing.T) {
 		t.Fatal("the scope reached the metrics")
 	}
 }
+
+// A completer's Resume is a call like a client's, marked idem.resume on
+// its span and its metrics, so that operations the completer finishes show
+// apart from the clients' calls.
+func TestResumeIsMarked(t *testing.T) {
+	w := newStepWorld(t)
+	w.failCharge.Store(1)
+	if _, outcome := w.run(t, "tenant", "k-resume", 100); outcome != idem.OutcomeFailed {
+		t.Fatalf("outcome %v, want failed at the charge", outcome)
+	}
+	if outcome, err := w.op.Resume(context.Background(), "tenant", "k-resume"); err != nil || outcome != idem.OutcomeExecuted {
+		t.Fatalf("Resume: %v, %v", outcome, err)
+	}
+	resumed := 0
+	for k, n := range w.tm.counts(t).calls {
+		if strings.Contains(k, "idem.resume=true") {
+			if !strings.Contains(k, "idem.outcome=executed") || n != 1 {
+				t.Fatalf("resume calls %s: %d; want one executed", k, n)
+			}
+			resumed++
+		}
+	}
+	if resumed != 1 {
+		t.Fatalf("calls marked idem.resume: %d sets, want 1 (calls %v)", resumed, w.tm.counts(t).calls)
+	}
+	var marked int
+	for _, s := range w.tm.ended() {
+		for _, a := range s.Attributes() {
+			if a.Key == idemotel.ResumeKey && a.Value.AsBool() {
+				marked++
+			}
+		}
+	}
+	if marked != 1 {
+		t.Fatalf("%d spans marked idem.resume, want Resume's call span", marked)
+	}
+}

@@ -476,7 +476,11 @@ func report(out io.Writer, with, without outcome) {
 		if status == "" {
 			status = "-"
 		}
-		fmt.Fprintf(out, "  outcome=%-15s status=%-4s %6d\n", c.Outcome, status, c.N)
+		by := ""
+		if c.Resume {
+			by = " (the completer's Resume)"
+		}
+		fmt.Fprintf(out, "  outcome=%-15s status=%-4s %6d%s\n", c.Outcome, status, c.N, by)
 	}
 	counted := callmetrics.Of(with.metrics, "replayed")
 	fmt.Fprintf(out, "Of the %d replays served, %d came from the restarted service: its metrics counted %d",

@@ -15,19 +15,23 @@ import (
 )
 
 // The names of the series and labels read, as the OpenTelemetry
-// Prometheus exporter gives them to idemotel's idem.calls, idem.outcome
-// and http.response.status_code.
+// Prometheus exporter gives them to idemotel's idem.calls, idem.outcome,
+// http.response.status_code and idem.resume.
 const (
 	Metric      = "idem_calls_total"
 	OutcomeName = "idem_outcome"
 	StatusName  = "http_response_status_code"
+	ResumeName  = "idem_resume"
 )
 
 // A Count is how many calls ended with an outcome and an HTTP status.
 type Count struct {
 	Outcome string // "executed", "replayed", "in_progress", ... (idem.Outcome.String)
 	Status  string // the HTTP status answered; "" when there was none
-	N       int64
+	// Resume marks the calls of idem.Operation.Resume: the completer's,
+	// not a client's.
+	Resume bool
+	N      int64
 }
 
 // outcomes orders the outcomes as idem.Outcome does.
@@ -43,16 +47,22 @@ func Read(r io.Reader) ([]Count, error) {
 	if err != nil {
 		return nil, fmt.Errorf("callmetrics: %w", err)
 	}
-	sums := map[[2]string]float64{}
+	type key struct {
+		outcome, status string
+		resume          bool
+	}
+	sums := map[key]float64{}
 	if f := families[Metric]; f != nil {
 		for _, m := range f.GetMetric() {
-			var k [2]string
+			var k key
 			for _, l := range m.GetLabel() {
 				switch l.GetName() {
 				case OutcomeName:
-					k[0] = l.GetValue()
+					k.outcome = l.GetValue()
 				case StatusName:
-					k[1] = l.GetValue()
+					k.status = l.GetValue()
+				case ResumeName:
+					k.resume = l.GetValue() == "true"
 				}
 			}
 			sums[k] += m.GetCounter().GetValue()
@@ -60,10 +70,11 @@ func Read(r io.Reader) ([]Count, error) {
 	}
 	counts := make([]Count, 0, len(sums))
 	for k, v := range sums {
-		counts = append(counts, Count{Outcome: k[0], Status: k[1], N: int64(v)})
+		counts = append(counts, Count{Outcome: k.outcome, Status: k.status, Resume: k.resume, N: int64(v)})
 	}
 	slices.SortFunc(counts, func(a, b Count) int {
-		return cmp.Or(cmp.Compare(rank(a.Outcome), rank(b.Outcome)), cmp.Compare(a.Outcome, b.Outcome), cmp.Compare(a.Status, b.Status))
+		return cmp.Or(cmp.Compare(rank(a.Outcome), rank(b.Outcome)), cmp.Compare(a.Outcome, b.Outcome),
+			cmp.Compare(a.Status, b.Status), boolCompare(a.Resume, b.Resume))
 	})
 	return counts, nil
 }
@@ -76,13 +87,25 @@ func rank(outcome string) int {
 	return len(outcomes)
 }
 
-// Of returns the calls of counts with outcome, whatever their status.
+// Of returns the clients' calls of counts with outcome, whatever their
+// status: the completer's (Resume) are left out.
 func Of(counts []Count, outcome string) int64 {
 	var n int64
 	for _, c := range counts {
-		if c.Outcome == outcome {
+		if c.Outcome == outcome && !c.Resume {
 			n += c.N
 		}
 	}
 	return n
+}
+
+// boolCompare orders false before true.
+func boolCompare(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }

@@ -18,6 +18,7 @@ idem_calls_total{http_response_status_code="409",error_type="idem.ErrInProgress"
 idem_calls_total{http_response_status_code="201",idem_outcome="executed",idem_refused="false",idem_table="idempotency_keys",otel_scope_name="x"} 5
 idem_calls_total{http_response_status_code="201",idem_outcome="executed",idem_refused="false",idem_table="other_keys",otel_scope_name="x"} 1
 idem_calls_total{http_response_status_code="402",idem_outcome="refused",idem_refused="true",idem_table="idempotency_keys",otel_scope_name="x"} 3
+idem_calls_total{idem_operation="charge",idem_outcome="replayed",idem_refused="false",idem_resume="true",idem_table="idempotency_keys",otel_scope_name="x"} 4
 # HELP idem_key_count Keys.
 # TYPE idem_key_count gauge
 idem_key_count{idem_key_state="expired",idem_table="idempotency_keys"} 7
@@ -28,6 +29,7 @@ idem_key_count{idem_key_state="expired",idem_table="idempotency_keys"} 7
 	}
 	want := []callmetrics.Count{
 		{Outcome: "executed", Status: "201", N: 6},
+		{Outcome: "replayed", Status: "", Resume: true, N: 4},
 		{Outcome: "replayed", Status: "201", N: 2},
 		{Outcome: "refused", Status: "402", N: 3},
 		{Outcome: "in_progress", Status: "409", N: 1},
@@ -37,6 +39,9 @@ idem_key_count{idem_key_state="expired",idem_table="idempotency_keys"} 7
 	}
 	if n := callmetrics.Of(got, "executed"); n != 6 {
 		t.Errorf("Of(executed) = %d, want 6", n)
+	}
+	if n := callmetrics.Of(got, "replayed"); n != 2 {
+		t.Errorf("Of(replayed) = %d, want 2: the completer's Resume calls are not a client's replays", n)
 	}
 	if got, err := callmetrics.Read(strings.NewReader("")); err != nil || len(got) != 0 {
 		t.Errorf("Read(empty) = %v, %v; want no counts", got, err)
