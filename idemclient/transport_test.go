@@ -261,7 +261,10 @@ func TestNoAnswer(t *testing.T) {
 	t.Run("reset every time", func(t *testing.T) {
 		t.Parallel()
 		s := servertest.NewScripted(t, 0, 0, 0, 0).Start(t)
-		_, err := client(t, s.Client().Transport, fast).Do(servertest.Post(t, s.URL, "", "500"))
+		resp, err := client(t, s.Client().Transport, fast).Do(servertest.Post(t, s.URL, "", "500"))
+		if err == nil {
+			_ = resp.Body.Close()
+		}
 		var re *idemclient.RetryError
 		if !errors.As(err, &re) || re.Attempts != 4 {
 			t.Fatalf("error %v: want a *RetryError after 4 attempts", err)
@@ -276,7 +279,10 @@ func TestNoAnswer(t *testing.T) {
 		t.Parallel()
 		s := servertest.NewScripted(t).Start(t)
 		s.Close() // nothing listens at its address now
-		_, err := client(t, nil, fast).Do(servertest.Post(t, s.URL, "", "500"))
+		resp, err := client(t, nil, fast).Do(servertest.Post(t, s.URL, "", "500"))
+		if err == nil {
+			_ = resp.Body.Close()
+		}
 		var re *idemclient.RetryError
 		if !errors.As(err, &re) || re.Attempts != 4 {
 			t.Fatalf("error %v: want a *RetryError after 4 attempts", err)
@@ -345,7 +351,10 @@ func TestBodyNotReplayable(t *testing.T) {
 	req := servertest.Post(t, s.URL, "", "")
 	req.Body = io.NopCloser(strings.NewReader(`{"amount":500}`)) // no GetBody
 	req.GetBody = nil
-	_, err := client(t, s.Client().Transport, fast).Do(req)
+	resp, err := client(t, s.Client().Transport, fast).Do(req)
+	if err == nil {
+		_ = resp.Body.Close()
+	}
 	if !errors.Is(err, idemclient.ErrBodyNotReplayable) {
 		t.Fatalf("error %v, want ErrBodyNotReplayable", err)
 	}

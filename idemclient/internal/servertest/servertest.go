@@ -42,6 +42,8 @@ func (s *Seen) record(r *http.Request) {
 	s.bodies = append(s.bodies, string(body))
 }
 
+// Requests returns the Idempotency-Key and the body of every request seen,
+// in order.
 func (s *Seen) Requests() (keys, bodies []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -63,6 +65,8 @@ type Idem struct {
 	Release  chan struct{} // when set, POST /charges waits for it before answering
 }
 
+// NewIdem returns a real idem server on a database of the test's own; the
+// test's end closes it.
 func NewIdem(t *testing.T) *Idem {
 	t.Helper()
 	pool := testdb.New(t)
@@ -157,6 +161,8 @@ type Scripted struct {
 	at         []time.Time // when each attempt arrived
 }
 
+// NewScripted returns a server that answers its requests with answers, in
+// order (0: the connection reset; past the last, 201); Start serves it.
 func NewScripted(t *testing.T, answers ...int) *Scripted {
 	t.Helper()
 	s := &Scripted{answers: answers}
