@@ -327,6 +327,35 @@ func TestOperationRowsBoundToTheRequest(t *testing.T) {
 			}
 		})
 	}
+	t.Run("sealed/request_of_an_earlier_run", func(t *testing.T) {
+		// Run 1's sealed request and its hash, saved while it was
+		// unfinished and put back, after Forget, into run 2: they agree
+		// with each other, but were sealed for another run.
+		t.Parallel()
+		ctx := context.Background()
+		db := newOpSetup(t, &idem.Config{Sealer: aeadSealer(t)})
+		const key = "k-earlier"
+		db.stoppedAtCharge(key, 300)
+		var request []byte
+		var hash string
+		if err := db.pool.QueryRow(ctx, `SELECT o.request, k.request_hash FROM idempotency_keys_operations AS o
+			JOIN idempotency_keys AS k USING (scope, idempotency_key)`).Scan(&request, &hash); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := db.client.Forget(ctx, "", key); err != nil || !ok {
+			t.Fatalf("Forget: %v, %v", ok, err)
+		}
+		op, _ := db.stoppedAtCharge(key, 99999)
+		calls := db.proc.callCount()
+		db.exec("UPDATE idempotency_keys_operations SET request = $1", request)
+		db.exec("UPDATE idempotency_keys SET request_hash = $1", hash)
+		if _, err := op.Resume(ctx, "", key); !errors.Is(err, idem.ErrCorruptRecord) {
+			t.Fatalf("Resume with run 1's request in run 2: %v; want ErrCorruptRecord", err)
+		}
+		if now := db.proc.callCount(); now != calls {
+			t.Fatalf("the processor was called %d more times", now-calls)
+		}
+	})
 	t.Run("sealed/output_of_an_earlier_run", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
@@ -446,5 +475,67 @@ func TestOperationResumeIsObserved(t *testing.T) {
 	defer obs.mu.Unlock()
 	if obs.starts != 2 || obs.ends != 2 {
 		t.Fatalf("observed %d starts and %d ends; want Run's and Resume's", obs.starts, obs.ends)
+	}
+}
+
+// The fence before an external call refuses an owner whose token is no
+// longer the operation's, even while its own lease looks valid to it (no
+// renewal has told it yet): it calls nothing and stops with ErrLeaseLost.
+func TestOperationFenceBeforeTheCall(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := newOpRig(t, idem.DefaultLease) // no renewal falls due within the test
+	op, reached, release := r.heldAt(reserveAfter)
+	done := make(chan runResult, 1)
+	go func() { done <- runOp(ctx, op, "k-fence", chargeReq{Amount: 5}) }()
+	<-reached
+	// Another owner took the operation over: a new token, as op_take.sql
+	// gives one.
+	if _, err := r.pool.Exec(ctx, "UPDATE idempotency_keys_operations SET token = token + 1000000 WHERE idempotency_key = 'k-fence'"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	res := <-done
+	if !errors.Is(res.err, idem.ErrLeaseLost) {
+		t.Fatalf("the owner: %v, %v; want ErrLeaseLost", res.outcome, res.err)
+	}
+	if calls := r.proc.callCount(); calls != 0 {
+		t.Fatalf("the processor was called %d times by an owner that had lost the operation", calls)
+	}
+}
+
+// An external step's record is fenced too: an owner whose call went out
+// before another owner took the operation over, and that comes back while
+// its own lease still looks valid to it, records nothing and stops with
+// ErrLeaseLost; the output the next owner records is the one that counts.
+func TestOperationRecordIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := newOpRig(t, idem.DefaultLease) // no renewal falls due within the test
+	at, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.proc.after = func(context.Context, string) error {
+		once.Do(func() { close(at) })
+		<-release
+		return nil
+	}
+	op := r.op(r.pool, nil, noHooks)
+	done := make(chan runResult, 1)
+	go func() { done <- runOp(ctx, op, "k-record", chargeReq{Amount: 5}) }()
+	<-at
+	if _, err := r.pool.Exec(ctx, "UPDATE idempotency_keys_operations SET token = token + 1000000 WHERE idempotency_key = 'k-record'"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	res := <-done
+	if !errors.Is(res.err, idem.ErrLeaseLost) {
+		t.Fatalf("the owner: %v, %v; want ErrLeaseLost", res.outcome, res.err)
+	}
+	for _, s := range r.steps("k-record") {
+		if strings.HasPrefix(s, "charge@") {
+			t.Fatalf("steps %v: the owner that lost the operation recorded its charge", r.steps("k-record"))
+		}
 	}
 }
