@@ -142,8 +142,10 @@ func newStormBroker(t testing.TB) consumertest.Broker { return newBroker(t) }
 
 // TestNatsMsgIDIsTheKey: a message published with Nats-Msg-Id is keyed by
 // it, so a second publish after JetStream's duplicate window is dropped
-// by idem; a slow handler keeps its message (the heartbeat) instead of
-// having it redelivered to another instance mid-work.
+// by idem, and a handler slower than the ack wait runs once. The heartbeat
+// (InProgress) keeps the slow message from being redelivered; on a
+// machine slow enough to miss a beat, the redelivery finds the key in
+// progress or done, and the effect is still made once.
 func TestNatsMsgIDIsTheKey(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t)
@@ -181,10 +183,20 @@ func TestNatsMsgIDIsTheKey(t *testing.T) {
 		time.Sleep(200 * time.Millisecond) // past the duplicate window
 	}
 	var got []idem.Outcome
-	for range 2 {
+	executed, replayed := 0, 0
+	for executed == 0 || replayed == 0 {
 		select {
 		case res := <-done:
 			got = append(got, res.Outcome)
+			switch res.Outcome {
+			case idem.OutcomeExecuted:
+				executed++
+			case idem.OutcomeReplayed:
+				replayed++
+			case idem.OutcomeInProgress: // a redelivery while the first ran
+			default:
+				t.Fatalf("outcomes %v: want executed once, replayed for the second publish", got)
+			}
 		case <-time.After(30 * time.Second):
 			t.Fatalf("outcomes so far %v", got)
 		}
@@ -193,8 +205,8 @@ func TestNatsMsgIDIsTheKey(t *testing.T) {
 	if err := <-exited; err != nil {
 		t.Fatal(err)
 	}
-	if got[0] != idem.OutcomeExecuted || got[1] != idem.OutcomeReplayed || len(done) != 0 {
-		t.Fatalf("outcomes %v (+%d more); want executed, then replayed, and no redelivery of the slow one", got, len(done))
+	if executed != 1 {
+		t.Fatalf("outcomes %v: the handler ran %d times; want once", got, executed)
 	}
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&n); err != nil || n != 1 {
