@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,15 +18,6 @@ import (
 // every record this owner would still make fails on the token anyway: the
 // renewal makes the owner stop sooner, and the fence before each step
 // (op_fence.sql, op_call.sql) keeps it from starting another.
-//
-// An external call cannot be fenced once it has gone out, so the owner
-// also keeps the lease's end as its own clock sees it: every statement
-// that extends the lease (the beginning or takeover, a step's fence, a
-// record, a renewal) extends it to the moment the statement was sent plus
-// the lease's length, which is no later than the end the database keeps.
-// An external call's context ends at that moment (guard), and the lease
-// counts as lost: no call goes out, and none is waited for, after another
-// owner could have taken the operation over.
 type lease struct {
 	r      *renewer
 	scope  string
@@ -40,67 +30,15 @@ type lease struct {
 	once   sync.Once
 	gone   atomic.Bool
 	due    time.Time // the next renewal; guarded by r.mu
-
-	mu    sync.Mutex
-	valid time.Time               // the lease's end, by this owner's clock
-	call  context.CancelCauseFunc // the external call running, if any
-	timer *time.Timer             // ends call at valid
 }
 
-// startLease starts renewing the lease of token, which the statement sent
-// at sent took.
-func (o *Operation[Req, Resp]) startLease(ctx context.Context, c *call, token int64, sent time.Time) *lease {
+// startLease starts renewing the lease of token.
+func (o *Operation[Req, Resp]) startLease(ctx context.Context, c *call, token int64) *lease {
 	lctx, cancel := context.WithCancelCause(ctx)
 	l := &lease{r: o.renewer, scope: c.scope, key: c.key, token: token, micros: o.lease.Microseconds(),
-		every: o.lease / 3, ctx: lctx, cancel: cancel, valid: sent.Add(o.lease)}
+		every: o.lease / 3, ctx: lctx, cancel: cancel}
 	o.renewer.add(l)
 	return l
-}
-
-// errLeaseUnconfirmed ends an external call whose owner could not confirm
-// its lease for a whole lease.
-var errLeaseUnconfirmed = fmt.Errorf("%w: not renewed for a whole lease, so another owner may hold the operation", ErrLeaseLost)
-
-// confirm notes that a statement sent at sent extended the lease.
-func (l *lease) confirm(sent time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if v := sent.Add(time.Duration(l.micros) * time.Microsecond); v.After(l.valid) {
-		l.valid = v
-		if l.timer != nil {
-			l.timer.Reset(time.Until(v))
-		}
-	}
-}
-
-// guard returns the context of an external call: ctx, ended when the
-// lease's end passes by this owner's clock (the lease is then lost), and
-// the function that ends the call's guard.
-func (l *lease) guard(ctx context.Context) (context.Context, func()) {
-	cctx, cancel := context.WithCancelCause(ctx)
-	l.mu.Lock()
-	l.call = cancel
-	l.timer = time.AfterFunc(time.Until(l.valid), l.expire)
-	l.mu.Unlock()
-	return cctx, func() {
-		l.mu.Lock()
-		l.timer.Stop()
-		l.call, l.timer = nil, nil
-		l.mu.Unlock()
-		cancel(nil)
-	}
-}
-
-// expire ends the external call running if the lease's end has passed.
-func (l *lease) expire() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.call == nil || time.Now().Before(l.valid) {
-		return // extended meanwhile
-	}
-	l.gone.Store(true)
-	l.call(errLeaseUnconfirmed)
-	l.cancel(ErrLeaseLost)
 }
 
 // lose marks the lease lost and ends the owner's context.
@@ -277,22 +215,14 @@ func (r *renewer) renew(conn *pgx.Conn, batch []*lease) *pgx.Conn {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), length)
 	defer cancel()
-	sent := time.Now()
 	rows, _ := conn.Query(ctx, r.sql, scopes, keys, tokens, micros)
 	lost, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		_ = conn.Close(ctx)
 		return nil
 	}
-	gone := map[int64]bool{}
 	for _, i := range lost {
-		gone[i-1] = true
 		batch[i-1].lose()
-	}
-	for i, l := range batch {
-		if !gone[int64(i)] {
-			l.confirm(sent)
-		}
 	}
 	return conn
 }

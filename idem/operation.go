@@ -58,10 +58,10 @@ type OperationConfig[Req, Resp any] struct {
 	// every third of Lease while it works, on a connection of its own (a
 	// pool exhausted by the work does not hold renewals back); an owner
 	// paused past it (a long GC pause, SIGSTOP) loses the operation to the
-	// next caller, calls out nothing and records nothing after that, and
-	// an owner whose renewals fail for a whole Lease stops as if it had
-	// lost it (External). Set it above the longest pause you expect
-	// between renewals. Defaults to DefaultLease (30s); at least 100ms.
+	// next caller, calls out nothing and records nothing after that. Set
+	// it above the longest pause you expect between renewals, and keep
+	// external calls' timeouts below it. Defaults to DefaultLease (30s); at
+	// least 100ms.
 	Lease time.Duration
 
 	// Deadline, if set, is how long after its beginning an operation may
@@ -452,12 +452,11 @@ func (o *Operation[Req, Resp]) peek(ctx context.Context, c *call) (peeked, error
 // owned is an owner's hold on an operation.
 type owned struct {
 	token   int64
-	run     string    // the run's identity (CallKey.Run)
-	fresh   bool      // the run began with this owner: no steps recorded
-	overdue bool      // past its deadline: compensate
-	request []byte    // the stored request, when taken over
-	begun   []string  // the external steps the run began, when taken over
-	sent    time.Time // before the statement that took the lease was sent
+	run     string   // the run's identity (CallKey.Run)
+	fresh   bool     // the run began with this owner: no steps recorded
+	overdue bool     // past its deadline: compensate
+	request []byte   // the stored request, when taken over
+	begun   []string // the external steps the run began, when taken over
 }
 
 // own begins the operation, or takes it over from an owner whose lease
@@ -478,7 +477,6 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			rollbackConn(ctx, conn)
 		}
 	}()
-	ow.sent = time.Now()
 	var (
 		locked       bool
 		hash, status *string
@@ -633,7 +631,7 @@ func queryCommit(ctx context.Context, conn *pgx.Conn, sql string, args []any, de
 // work runs the operation as its owner and stores its answer.
 func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req Req) (Resp, Outcome, error) {
 	var zero Resp
-	l := o.startLease(ctx, c, ow.token, ow.sent)
+	l := o.startLease(ctx, c, ow.token)
 	k := CallKey{Scope: c.scope, Key: c.key, Run: ow.run}
 	s := &Steps{op: o.name, c: c, pool: o.pool, lease: l, key: k, ctx: contextWithKey(l.ctx, k),
 		recorded: map[string][]byte{}, begun: ow.begun, ran: map[string]bool{}}

@@ -150,7 +150,6 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		set    string
 		fenced = true
 	)
-	sent := time.Now()
 	b.Queue("begin")
 	b.Queue(s.c.stmts.op.fence, s.c.scope, s.c.key, s.lease.token, s.lease.micros, s.idle()).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&set)
@@ -167,7 +166,6 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		s.lease.lose()
 		return zero, fmt.Errorf("%w: step %q did not run", ErrLeaseLost, name)
 	}
-	s.lease.confirm(sent)
 	tx := &connTx{conn: conn}
 	v, err := fn(ctx, tx)
 	tx.closed.Store(true)
@@ -214,12 +212,9 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 // operation (paused past its lease, forgotten) gets ErrLeaseLost and calls
 // nothing. A call that has begun cannot be fenced, so the operation
 // remembers it: Compensate finds it in Unrecorded until its output is
-// recorded. The context fn gets ends when the lease is lost, and when the
-// lease was not renewed for a whole Lease by the owner's own clock (the
-// renewals kept failing, or the owner was paused): a client that honours
-// its context sends nothing, and waits for nothing, after another owner
-// could have taken the operation over. External then returns an error
-// wrapping ErrLeaseLost, and the owner stops.
+// recorded. The context fn gets ends when a renewal finds the lease lost;
+// External then returns an error wrapping ErrLeaseLost, records nothing,
+// and the owner stops. Keep fn's own timeout below OperationConfig.Lease.
 //
 // fn is called again, with the same key, only when its output was not
 // recorded: the owner died or lost its lease after the service acted and
@@ -246,7 +241,6 @@ func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx 
 	if err := s.live(); err != nil {
 		return zero, err
 	}
-	sent := time.Now()
 	var one int
 	err := s.pool.QueryRow(ctx, s.c.stmts.op.call, s.c.scope, s.c.key, s.lease.token, name, s.lease.micros).Scan(&one)
 	switch {
@@ -257,10 +251,7 @@ func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx 
 		return zero, fmt.Errorf("idem: step %q: fence: %w", name, err)
 	}
 	s.begun = append(s.begun, name)
-	s.lease.confirm(sent)
-	callCtx, end := s.lease.guard(ctx)
-	v, err := fn(callCtx, s.key.Derive(name))
-	end()
+	v, err := fn(ctx, s.key.Derive(name))
 	switch {
 	case s.lease.lost() && err != nil:
 		return zero, fmt.Errorf("%w: step %q: %w", ErrLeaseLost, name, err)

@@ -17,9 +17,8 @@ import (
 
 // The operations below have short leases, and their jobs run a little
 // after them, so that the tests wait for River's scheduler rather than
-// for a lease. A lease is still a second: an owner whose renewals cannot
-// be confirmed for a whole lease stops its external call, and a loaded
-// machine must not make a live owner look dead.
+// for a lease. A lease is still a second, so that a loaded machine does
+// not delay a renewal past the lease of a live owner.
 const (
 	lease = time.Second
 	after = 1200 * time.Millisecond

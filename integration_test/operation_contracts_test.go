@@ -641,9 +641,8 @@ func TestOperationRenewalKeepsAWorkingOwner(t *testing.T) {
 			return context.Cause(cctx)
 		}
 	}
-	// A second: an owner that cannot confirm its lease for a whole lease
-	// stops its external call, and a loaded machine must not make this
-	// live owner look dead.
+	// A second, so that a loaded machine does not delay a renewal past
+	// the lease of this live owner.
 	op := s.operation(nil, &idem.OperationConfig[chargeReq, chargeResp]{Lease: time.Second})
 	done := make(chan runResult, 1)
 	go func() { done <- runOp(ctx, op, "k", chargeReq{Amount: 600}) }()

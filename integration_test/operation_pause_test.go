@@ -39,10 +39,9 @@ func TestOperationPausedOwnerRecordsNothing(t *testing.T) {
 		for _, stop := range []opPoint{reserveAfter, receiptBefore, receiptAfter} {
 			n++
 			app, key := fmt.Sprintf("idem-owner-%d", n), fmt.Sprintf("k-paused-%d", n)
-			// With its renewals cut, the owner's lease is confirmed only by
-			// its steps' statements, and an owner that cannot confirm it for
-			// a whole lease stops its external call: a lease of two
-			// seconds lets it reach its stop however slow the machine.
+			// With its renewals cut, only the owner's steps' statements
+			// renew its lease: a lease of two seconds lets it reach its stop
+			// however slow the machine.
 			lease := sweepLease
 			if renewals == "renewals_lost" {
 				lease = 2 * time.Second
