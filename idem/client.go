@@ -123,6 +123,14 @@ type Client struct {
 // checks cfg without touching the database; an invalid setting is an error
 // wrapping ErrInvalidOption or ErrInvalidTable. db may itself be a Client, in
 // which case its database is used with cfg.
+//
+// If cfg sets anything other than the defaults and db is a *pgxpool.Pool or
+// a *pgx.Conn, db is no longer accepted bare: Do, Run, Wrap and the
+// integrations given db itself fail with ErrInvalidOption before any
+// database work, rather than run with the defaults (another table, another
+// TTL, nothing sealed). Pass the Client. A database with two Clients (two
+// tables) is refused bare as well: each call site names the Client it
+// means.
 func NewClient(db Beginner, cfg *Config) (*Client, error) {
 	if db == nil || isNilPointer(db) {
 		return nil, inputError(ErrInvalidOption, "NewClient: nil database (a nil %T)", db)
@@ -168,6 +176,9 @@ func NewClient(db Beginner, cfg *Config) (*Client, error) {
 		s.idle = idleSetting(cfg.IdleTimeout)
 	}
 	s.sealer, s.observer, s.logger = cfg.Sealer, cfg.Observer, cfg.Logger
+	if !s.isDefault() {
+		markConfigured(db)
+	}
 	return &Client{db: db, base: s}, nil
 }
 
@@ -230,21 +241,37 @@ func (c *Client) Table() string { return c.base.table }
 func (c *Client) TTL() time.Duration { return c.base.ttl }
 
 // ObserverOf returns the Observer that a call of Do or Run on db with opts
-// reports to: the last WithObserver among opts, else db's Config.Observer
-// if db is a Client, else nil. Integrations that answer some requests
-// themselves, before any call (a malformed header, an oversized body), use
-// it to report those as OutcomeInvalid to the same Observer.
-func ObserverOf(db Beginner, opts ...Option) Observer {
+// reports to (the last WithObserver among opts, else db's Config.Observer
+// if db is a Client, else nil) and the error wrapping ErrInvalidOption that
+// every such call would fail with before any database work: an invalid
+// option, or db given bare although a Client with settings was made on it
+// (see NewClient). Integrations call it once, at start-up, to refuse such a
+// configuration there and to report the requests they answer themselves,
+// before any call (a malformed header, an oversized body), as
+// OutcomeInvalid to the same Observer.
+func ObserverOf(db Beginner, opts ...Option) (Observer, error) {
 	_, base := resolve(db)
 	s := base.with(opts, useRun)
-	return s.observer
+	return s.observer, s.err
 }
 
 // resolve splits db into the database to run on and the settings to start
-// from: a Client's, or the defaults.
+// from: a Client's, or the defaults, failed if db was given bare although a
+// Client with settings was made on it.
 func resolve(db Beginner) (Beginner, settings) {
 	if c, ok := db.(*Client); ok && c != nil {
 		return c.db, c.base
 	}
-	return db, defaultSettings()
+	s := defaultSettings()
+	s.fail(bareError(db))
+	return db, s
+}
+
+// isDefault reports whether s are the settings a database given bare runs
+// with, so that a Client with them need not be passed.
+func (s *settings) isDefault() bool {
+	d := defaultSettings()
+	return s.table == d.table && s.ttl == d.ttl && s.maxResult == d.maxResult && s.batch == d.batch &&
+		s.sealer == nil && s.observer == nil && s.logger == nil &&
+		len(s.idle) == len(d.idle) && (len(s.idle) == 0 || s.idle[0] == d.idle[0])
 }

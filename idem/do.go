@@ -12,7 +12,8 @@ import (
 // A Beginner begins transactions. *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn,
 // pgx.Tx and *Client all satisfy it; given a pgx.Tx, Do runs in a savepoint
 // of that outer transaction and the key commits when the outer transaction
-// does.
+// does. A pool or connection on which NewClient made a Client with settings
+// is refused bare (see NewClient).
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

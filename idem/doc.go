@@ -66,7 +66,10 @@
 // once; the Client is then passed wherever a database is expected. What varies per call
 // (WithWait, WithTxOptions, WithObserver) is an Option. The scope, which
 // varies per request, travels in the context (ContextWithScope). A plain
-// pool works too, with the defaults.
+// pool works too, with the defaults, until a Client with other settings is
+// made on it: from then on a call given the pool itself fails with
+// ErrInvalidOption, so that no call site can bypass the deployment's table,
+// TTL or Sealer by passing the pool instead of the Client.
 //
 // # Cost
 //

@@ -72,7 +72,9 @@ func TestRefusalIs(t *testing.T) {
 	}
 }
 
-func TestCheckOptions(t *testing.T) {
+// TestObserverOfChecksOptions checks the start-up check integrations make of
+// the per-call options they pass to every call.
+func TestObserverOfChecksOptions(t *testing.T) {
 	t.Parallel()
 	valid := []idem.Option{
 		idem.WithWait(time.Second),
@@ -80,7 +82,7 @@ func TestCheckOptions(t *testing.T) {
 		idem.WithObserver(nil),
 		nil, // ignored
 	}
-	if err := idem.CheckOptions(valid...); err != nil {
+	if _, err := idem.ObserverOf(nil, valid...); err != nil {
 		t.Fatalf("valid options: %v", err)
 	}
 	for name, opt := range map[string]idem.Option{
@@ -90,12 +92,12 @@ func TestCheckOptions(t *testing.T) {
 		"unknown isolation": idem.WithTxOptions(pgx.TxOptions{IsoLevel: "chaos"}),
 		"unknown deferral":  idem.WithTxOptions(pgx.TxOptions{DeferrableMode: "later"}),
 	} {
-		if err := idem.CheckOptions(opt); !errors.Is(err, idem.ErrInvalidOption) {
-			t.Errorf("CheckOptions(%s) = %v, want ErrInvalidOption", name, err)
+		if _, err := idem.ObserverOf(nil, opt); !errors.Is(err, idem.ErrInvalidOption) {
+			t.Errorf("ObserverOf(nil, %s) = %v, want ErrInvalidOption", name, err)
 		}
 		// One bad option spoils the lot, wherever it stands.
-		if err := idem.CheckOptions(append(valid, opt)...); !errors.Is(err, idem.ErrInvalidOption) {
-			t.Errorf("CheckOptions(valid..., %s) = %v, want ErrInvalidOption", name, err)
+		if _, err := idem.ObserverOf(nil, append(valid, opt)...); !errors.Is(err, idem.ErrInvalidOption) {
+			t.Errorf("ObserverOf(nil, valid..., %s) = %v, want ErrInvalidOption", name, err)
 		}
 	}
 }

@@ -122,11 +122,11 @@ func TestObserverReportsEveryCallOnce(t *testing.T) {
 	held, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error)
 	go func() {
-		_, err := idem.Do(ctx, pool, "k7", "h", func(pgx.Tx) (int, error) {
+		_, err := idem.Do(ctx, keys, "k7", "h", func(pgx.Tx) (int, error) {
 			close(held)
 			<-release
 			return 1, nil
-		})
+		}, idem.WithObserver(nil))
 		done <- err
 	}()
 	<-held

@@ -168,12 +168,3 @@ func WithObserver(o Observer) Option {
 		return nil
 	}}
 }
-
-// CheckOptions reports whether opts are valid for a call of Run (and so of
-// Do), without touching a database: nil, or an error wrapping
-// ErrInvalidOption. Integrations that pass the same
-// per-call options to every call check them with it once, at start-up.
-// Deployment settings belong in a Config, which NewClient checks.
-func CheckOptions(opts ...Option) error {
-	return defaultSettings().with(opts, useRun).err
-}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/internal/sqltext"
+	"github.com/idemhq/idem/schema"
 )
 
 var (
@@ -192,11 +193,11 @@ func (m maintainer) partman(ctx context.Context, s *settings) (managed bool, err
 
 // makePartitions makes the partitions of the present and the near future.
 func (m maintainer) makePartitions(ctx context.Context, s *settings) error {
-	t, err := sqltext.ParseTable(s.table)
+	// The schema's own file (schema/partitioned/002...), for this table.
+	sql, err := schema.PartitionsSQL(s.table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidTable, err)
+		return err
 	}
-	sql := t.Rewrite(partitionsMakeSQL)
 	err = m.tx(ctx, func(tx pgx.Tx) error {
 		if err := lockTimeout(ctx, tx); err != nil {
 			return err

@@ -29,11 +29,6 @@ var (
 	recordPartitionedSQL string
 	//go:embed sql/partitions.sql
 	partitionsSQL string
-	// partitionsMakeSQL is schema/partitioned/002_idempotency_keys_partitions.sql,
-	// the maintenance step Sweep runs; a copy, since package schema imports
-	// this one (schema's tests check that the two are the same).
-	//go:embed sql/partitions_make.sql
-	partitionsMakeSQL string
 	//go:embed sql/partman.sql
 	partmanSQL string
 	//go:embed sql/plain_only.sql

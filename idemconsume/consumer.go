@@ -61,7 +61,8 @@ type Consumer struct {
 
 // New returns a consumer that runs h for each message in a transaction on
 // db (an *idem.Client carries the key table and TTL; a pool uses the
-// defaults). It checks cfg once: an error names what is wrong.
+// defaults, and is refused if a Client with settings was made on it). It
+// checks cfg once: an error names what is wrong.
 func New(db idem.Beginner, cfg *Config, h Handler) (*Consumer, error) {
 	switch {
 	case db == nil:
@@ -72,6 +73,9 @@ func New(db idem.Beginner, cfg *Config, h Handler) (*Consumer, error) {
 		return nil, errors.New("idemconsume: Config.Name is required: it is the scope of the consumer's keys")
 	case cfg.MaxDeliveries < 0, cfg.InProgressDelay < 0:
 		return nil, errors.New("idemconsume: MaxDeliveries and InProgressDelay must not be negative")
+	}
+	if _, err := idem.ObserverOf(db); err != nil {
+		return nil, fmt.Errorf("idemconsume: %w", err)
 	}
 	scope := "consumer:" + cfg.Name
 	if err := idem.ValidateScope(scope); err != nil {

@@ -384,12 +384,13 @@ func newMiddleware(db idem.Beginner, cfg Config) (*Middleware, error) {
 	if cfg.Observer != nil {
 		m.idemOpts = append(m.idemOpts, idem.WithObserver(cfg.Observer))
 	}
-	// An option that does not apply to a call, or is out of range, is a
-	// configuration error, found now rather than on the first request.
-	if err := idem.CheckOptions(m.idemOpts...); err != nil {
+	// An option that does not apply to a call, or is out of range, or a
+	// database given bare beside its Client, is a configuration error,
+	// found now rather than on the first request.
+	var err error
+	if m.observer, err = idem.ObserverOf(db, m.idemOpts...); err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}
-	m.observer = idem.ObserverOf(db, m.idemOpts...)
 	m.cfg = cfg
 	return m, nil
 }

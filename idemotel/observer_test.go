@@ -106,10 +106,16 @@ func (w *world) entries() []entry {
 		}
 		return h
 	}
-	// The acceptance form: an Observer passed per call.
+	// The acceptance form: an Observer passed per call, on a Client with the
+	// defaults (the pool itself is refused beside the Client with settings
+	// below).
 	obs := w.tm.observer()
+	plain, err := idem.NewClient(w.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	do := entry{name: "Do", call: func(ctx context.Context, key string, r request) int {
-		_, _ = idem.Do(ctx, w.pool, key, hash(r), func(tx pgx.Tx) (int, error) {
+		_, _ = idem.Do(ctx, plain, key, hash(r), func(tx pgx.Tx) (int, error) {
 			return w.work(ctx, false, tx, key, r)
 		}, idem.WithObserver(obs))
 		return 0
@@ -156,7 +162,7 @@ func (w *world) entries() []entry {
 			return rec.Code
 		}
 	}
-	mw, err := idemhttp.NewMiddleware(w.pool, &idemhttp.Config{SharedKeys: true, Observer: w.tm.observer(), Logger: quiet})
+	mw, err := idemhttp.NewMiddleware(plain, &idemhttp.Config{SharedKeys: true, Observer: w.tm.observer(), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -509,8 +509,10 @@ func TestExpiry(t *testing.T) {
 		if _, err := s.pool.Exec(ctx, "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"); err != nil {
 			t.Fatal(err)
 		}
-		// Even another request hash is accepted: the old key is gone.
-		s.cfg = nil
+		// Even another request hash is accepted: the old key is gone. (A
+		// Client with the defaults: the pool itself, given bare, is refused
+		// now that a Client with settings was made on it.)
+		s.cfg = &idem.Config{}
 		second, err := do(t, s, v, "k-exp", "h2", chargeFn(ctx, 2, &runs))
 		if err != nil {
 			t.Fatal(err)

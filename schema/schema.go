@@ -22,7 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/sentinel"
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
@@ -50,11 +50,11 @@ func Apply(ctx context.Context, db Execer) error {
 // ApplyTable is Apply for a table of another name, optionally
 // schema-qualified ("billing.idempotency_keys"; the schema must exist). The
 // name must be a plain lower-case identifier; otherwise the error wraps
-// idem.ErrInvalidTable and nothing is executed.
+// sentinel.InvalidTable and nothing is executed.
 func ApplyTable(ctx context.Context, db Execer, table string) error {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
+		return fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
 	}
 	scripts, err := Files()
 	if err != nil {
@@ -73,7 +73,7 @@ func ApplyTable(ctx context.Context, db Execer, table string) error {
 // expired. table is as for ApplyTable ("" means idempotency_keys).
 //
 // interval must be a whole number of seconds, at least one (an error
-// wrapping idem.ErrInvalidOption otherwise); DefaultPartitionInterval, a
+// wrapping sentinel.InvalidOption otherwise); DefaultPartitionInterval, a
 // day, suits production, while tests use a second or two to cross partition
 // boundaries quickly. Keep it near the key TTL: every lookup of a key probes
 // each partition's primary key, so fewer partitions are cheaper.
@@ -90,10 +90,10 @@ func ApplyPartitioned(ctx context.Context, db Execer, table string, interval tim
 	}
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
+		return fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
 	}
 	if interval < time.Second || interval%time.Second != 0 {
-		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", idem.ErrInvalidOption, interval)
+		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", sentinel.InvalidOption, interval)
 	}
 	scripts, err := PartitionedFiles()
 	if err != nil {
@@ -108,7 +108,7 @@ func ApplyPartitioned(ctx context.Context, db Execer, table string, interval tim
 
 func apply(ctx context.Context, db Execer, t sqltext.Table, table string, scripts []File, prelude string) error {
 	if v := reflect.ValueOf(db); db == nil || v.Kind() == reflect.Pointer && v.IsNil() {
-		return fmt.Errorf("%w: schema: nil database (a nil %T)", idem.ErrInvalidOption, db)
+		return fmt.Errorf("%w: schema: nil database (a nil %T)", sentinel.InvalidOption, db)
 	}
 	var b strings.Builder
 	// One multi-statement string runs as one implicit transaction: either
@@ -165,7 +165,7 @@ const operationsFile = "002_idempotency_keys_operations.sql"
 func PartitionsSQL(table string) (string, error) {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
+		return "", fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
 	}
 	b, err := files.ReadFile("partitioned/002_idempotency_keys_partitions.sql")
 	if err != nil {

@@ -3,6 +3,7 @@ package unary
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,3 +52,20 @@ type valuesFrom struct {
 }
 
 func (c valuesFrom) Value(key any) any { return c.values.Value(key) }
+
+// owned is the transaction a handler is given for an unkeyed call: the
+// server commits or rolls it back, so the handler's own Commit and Rollback
+// fail with idem.ErrTxOwned instead of ending it under the server.
+type owned struct{ pgx.Tx }
+
+func (owned) Commit(context.Context) error   { return idem.ErrTxOwned }
+func (owned) Rollback(context.Context) error { return idem.ErrTxOwned }
+
+// rollbackTimeout bounds a rollback made after ctx may have ended: it runs
+// on a context of its own so that a cancelled call still frees its
+// connection.
+const rollbackTimeout = 5 * time.Second
+
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+}

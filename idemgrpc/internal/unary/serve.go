@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/dbtx"
 )
 
 // A Handler runs the service's handler with ctx and reports its answer.
@@ -206,21 +205,23 @@ func (s *Server) serveUnkeyed(ctx context.Context, m *Method, h Handler) Answer 
 	rollback := func() {
 		if !ended {
 			ended = true
-			dbtx.Rollback(ctx, tx)
+			cctx, cancel := cleanupContext(ctx)
+			_ = tx.Rollback(cctx)
+			cancel()
 		}
 	}
 	defer rollback() // a panic in the handler
-	res := h(withTx(ctx, dbtx.Owned{Tx: tx, Err: idem.ErrTxOwned}))
+	res := h(withTx(ctx, owned{tx}))
 	if res.Status != nil {
 		rollback()
 		return Answer{Handler: true}
 	}
-	cctx, cancel := dbtx.CleanupContext(ctx)
-	err = tx.Commit(cctx)
+	cctx, cancel := cleanupContext(ctx)
+	err = idem.Commit(cctx, tx)
 	cancel()
 	ended = true
 	if err != nil {
-		if dbtx.CommitOutcomeUnknown(err) {
+		if errors.Is(err, idem.ErrOutcomeUnknown) {
 			return s.failRetry(ctx, m, ReasonOutcomeUnknown,
 				"the connection failed while the transaction was committing; whether it committed is unknown", err)
 		}

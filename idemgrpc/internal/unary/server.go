@@ -106,12 +106,12 @@ func New(db idem.Beginner, cfg Config) (*Server, error) {
 	if cfg.Observer != nil {
 		s.idemOpts = append(s.idemOpts, idem.WithObserver(cfg.Observer))
 	}
-	// An option out of range is a configuration error, found now rather
-	// than on the first call.
-	if err := idem.CheckOptions(s.idemOpts...); err != nil {
+	// An option out of range, or a database given bare beside its Client,
+	// is a configuration error, found now rather than on the first call.
+	var err error
+	if s.observer, err = idem.ObserverOf(db, s.idemOpts...); err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Package, err)
 	}
-	s.observer = idem.ObserverOf(db, s.idemOpts...)
 	s.table = idem.DefaultTable
 	if c, ok := db.(*idem.Client); ok {
 		s.table = c.Table()

@@ -1,0 +1,14 @@
+// Package sentinel holds the errors that package idem exports and package
+// schema returns too. schema cannot import idem (idem runs schema's SQL, so
+// the import goes the other way); both take the values from here, and
+// errors.Is matches them whichever package returned them.
+package sentinel
+
+import "errors"
+
+var (
+	// InvalidTable is idem.ErrInvalidTable.
+	InvalidTable = errors.New("idem: invalid table name")
+	// InvalidOption is idem.ErrInvalidOption.
+	InvalidOption = errors.New("idem: invalid option")
+)
