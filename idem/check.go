@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgerrcode"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 var (
@@ -130,18 +127,4 @@ func deref(s *string) string {
 		return "nothing"
 	}
 	return *s
-}
-
-// tableError adds what to do to err when a table of the key table's schema
-// does not exist (SQLSTATE 42P01: the key table, or an operations' table
-// of schema/002, which PostgreSQL's message names), for the calls that can
-// meet a missing table: Sweep, Lookup, Forget, Stats and operations.
-func tableError(table, op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
-		// PostgreSQL's message names the table that is missing: the key
-		// table, or one of the operations' tables (schema/002) beside it.
-		return fmt.Errorf("idem: %s: a table of the key table %s's schema does not exist: %s: %w", op, table, applySchema, err)
-	}
-	return fmt.Errorf("idem: %s: %w", op, err)
 }

@@ -6,7 +6,7 @@ import "time"
 type claim struct {
 	locked  *bool // nil: a live row made locking needless
 	claimed bool
-	rec     *record
+	rec     *storedRow
 }
 
 // lostRace turns a claim that its second look undid (assert_deferred.sql or
@@ -17,8 +17,9 @@ func (cl *claim) lostRace() {
 	cl.claimed, cl.rec = false, nil
 }
 
-// record is a live row read back for a replay.
-type record struct {
+// storedRow is a live row read back for a replay (Record is what Lookup
+// shows of one).
+type storedRow struct {
 	requestHash string
 	status      string
 	response    []byte
@@ -39,7 +40,7 @@ type claimTargets struct {
 func (t *claimTargets) claim() claim {
 	cl := claim{locked: t.locked, claimed: t.claimed}
 	if t.hash != nil {
-		cl.rec = &record{requestHash: *t.hash, status: *t.status, response: t.response, refusal: t.refusal}
+		cl.rec = &storedRow{requestHash: *t.hash, status: *t.status, response: t.response, refusal: t.refusal}
 	}
 	return cl
 }

@@ -91,3 +91,15 @@ func wrapScope(operation, scope string) (string, error) {
 	}
 	return s, nil
 }
+
+// WrapScope returns the scope that Wrap stores operation's keys under for a
+// caller scope, for Lookup and Forget.
+func WrapScope(operation, scope string) (string, error) {
+	if err := validateText(ErrInvalidOption, operation); err != nil || operation == "" {
+		return "", inputError(ErrInvalidOption, "invalid operation %q", operation)
+	}
+	if err := ValidateScope(scope); err != nil {
+		return "", err
+	}
+	return wrapScope(operation, scope)
+}

@@ -37,12 +37,16 @@ type Beginner interface {
 // db is usually a *Client (from NewClient, carrying the deployment's
 // Config) or a *pgxpool.Pool (the defaults). The key lives in the scope that
 // ctx carries (ContextWithScope), or in the empty scope. The empty scope is
-// one namespace shared by every caller: right for a service-layer call whose
-// keys the service makes itself (an order id, a job id), wrong for keys a
-// client sends, since a second client that sends the first one's key and
-// request would receive the first one's stored result. Put the
-// authenticated principal in the scope for those (idemhttp and idemgrpc
-// refuse keyed requests without one).
+// one namespace shared by every caller of the table, whatever its fn or
+// result type: two callers that use one key there share one row, so the
+// second's fn never runs and it is answered the first's stored result
+// (two consumers of one event both keyed by the event id; two services
+// keyed by one order id). It is right only where one caller makes its keys
+// (one service method keyed by its own job ids). Give every other caller a
+// scope of its own: the authenticated principal for keys a client sends
+// (idemhttp and idemgrpc refuse keyed requests without one), the consumer's
+// name for messages (idemconsume does), the operation's name for a service
+// method (Wrap does).
 //
 // reqHash fingerprints the request (see HashJSON and HashBytes): the same
 // key with another hash returns ErrMismatch and fn does not run.

@@ -1,37 +1,16 @@
 package idem
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgerrcode"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/internal/dbtx"
 )
-
-// execAll reads n results and reports the first failure and its index,
-// including a COMMIT that the server turned into a rollback.
-func execAll(br pgx.BatchResults, n int) (int, error) {
-	failed, first := -1, error(nil)
-	for i := 0; i < n; i++ {
-		tag, err := br.Exec()
-		if err != nil && first == nil {
-			failed, first = i, err
-		}
-		if err == nil && i == n-1 && tag.String() == "ROLLBACK" && first == nil {
-			failed, first = i, pgx.ErrTxCommitRollback
-		}
-	}
-	if err := br.Close(); err != nil && first == nil {
-		failed, first = n, err
-	}
-	return failed, first
-}
 
 // lastTripError turns the failure of the round trip that carries COMMIT,
 // COMMIT at index commitAt, into the call's error, or nil when COMMIT's own
@@ -133,11 +112,6 @@ func idleError(c *call, outer bool, err error) error {
 	return fmt.Errorf("idem: the server ended the call's transaction, which sent no statement for longer than %s; "+
 		"everything rolled back and the key is free. Work that waits outside the database (a call to another service) "+
 		"belongs in an idem.Operation, whose external steps hold no transaction open, or raise the timeout above fn's longest pause: %w", limit, err)
-}
-
-// cleanupContext is ctx for a rollback: its values, not its cancellation.
-func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return dbtx.CleanupContext(ctx)
 }
 
 // isUniqueViolation reports SQLSTATE 23505: the deferred protocol's insert

@@ -17,27 +17,27 @@ import (
 
 // The protocol of an operation made of steps. Where Do holds one
 // transaction for the whole call, an operation holds none between its
-// steps, and a lease instead (lease.go):
+// steps, and a lease instead (operation_lease.go):
 //
-//	peek      op_peek.sql, no transaction: the stored answer (a replay,
+//	peek      operation_peek.sql, no transaction: the stored answer (a replay,
 //	          ErrMismatch), or an owner at work (ErrInProgress), in one
 //	          round trip
 //	own       one short transaction in two round trips: BEGIN and
-//	          op_lock.sql (the key's advisory lock, Do's), then op_begin.sql
+//	          operation_lock.sql (the key's advisory lock, Do's), then operation_begin.sql
 //	          (the key's row 'unfinished', the operation's row, token and
-//	          lease; OperationConfig.OnStart) or op_take.sql (a lease that
+//	          lease; OperationConfig.OnStart) or operation_take.sql (a lease that
 //	          ended: a new token), with COMMIT
-//	steps     op_steps.sql reads what earlier owners recorded; each step not
-//	          recorded runs (steps.go): a database step in its own
-//	          transaction, BEGIN with op_fence.sql in one round trip, fn,
-//	          then op_record.sql with COMMIT in another; an external step
-//	          with no transaction open, recorded by op_record.sql after the
+//	steps     operation_steps.sql reads what earlier owners recorded; each step not
+//	          recorded runs (operation_steps.go): a database step in its own
+//	          transaction, BEGIN with operation_fence.sql in one round trip, fn,
+//	          then operation_record.sql with COMMIT in another; an external step
+//	          with no transaction open, recorded by operation_record.sql after the
 //	          call
-//	complete  op_complete.sql, one statement: the answer under the key, the
+//	complete  operation_complete.sql, one statement: the answer under the key, the
 //	          operation's state deleted, fenced by the token
 //
-// The owner renews its lease (op_renew.sql) while it works and ends it
-// (op_release.sql) when it stops on an error, so that a retry resumes at
+// The owner renews its lease (operation_renew.sql) while it works and ends it
+// (operation_release.sql) when it stops on an error, so that a retry resumes at
 // once. Every record an owner makes names its token: once another owner
 // took the operation over, a stale owner's records match no row, its
 // database step rolls back, and it stops with ErrLeaseLost.
@@ -344,7 +344,7 @@ func (o *Operation[Req, Resp]) settle(ctx context.Context, c *call, req *Req, re
 	if err := o.checkLayout(ctx); err != nil {
 		return zero, OutcomeFailed, err
 	}
-	// One retry: a key that a Do completed between op_lock.sql's snapshot
+	// One retry: a key that a Do completed between operation_lock.sql's snapshot
 	// and its lock is seen by the next look.
 	for range 2 {
 		p, err := o.peek(ctx, c)
@@ -418,20 +418,20 @@ func (o *Operation[Req, Resp]) checkLayout(ctx context.Context) error {
 	return nil
 }
 
-// peeked is what op_peek.sql found.
+// peeked is what operation_peek.sql found.
 type peeked struct {
-	rec          *record
+	rec          *storedRow
 	leaseRunning bool
 	// orphan: the key is unfinished and no operation row exists. One
 	// statement reads both rows, and every statement that writes one
-	// writes the other (op_begin.sql, op_complete.sql, forget.sql), so
+	// writes the other (operation_begin.sql, operation_complete.sql, forget.sql), so
 	// only a hand edit leaves a key so.
 	orphan bool
 }
 
 func (o *Operation[Req, Resp]) peek(ctx context.Context, c *call) (peeked, error) {
 	var (
-		rec   record
+		rec   storedRow
 		lease *bool
 	)
 	err := o.pool.QueryRow(ctx, c.stmts.op.peek, c.scope, c.key).
@@ -461,8 +461,8 @@ type owned struct {
 
 // own begins the operation, or takes it over from an owner whose lease
 // ended, in one short transaction of two round trips: BEGIN with
-// op_lock.sql, then op_begin.sql or op_take.sql with COMMIT (with
-// OperationConfig.OnStart, op_begin.sql, the hook's statements and COMMIT
+// operation_lock.sql, then operation_begin.sql or operation_take.sql with COMMIT (with
+// OperationConfig.OnStart, operation_begin.sql, the hook's statements and COMMIT
 // go one after the other).
 func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte, canBegin bool) (ow owned, err error) {
 	pc, err := o.pool.Acquire(ctx)
@@ -516,18 +516,18 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 		done = true
 		switch {
 		case free == nil:
-			// The owner stored the answer since op_lock.sql looked (its
+			// The owner stored the answer since operation_lock.sql looked (its
 			// completion takes no advisory lock), and the next look replays
 			// it. unfinished cannot tell that from a corrupt key: the
-			// completion may commit after op_take.sql's snapshot, which
+			// completion may commit after operation_take.sql's snapshot, which
 			// still sees the key unfinished, and before its lock, which then
-			// finds the operation's row deleted. The next look (op_peek.sql,
+			// finds the operation's row deleted. The next look (operation_peek.sql,
 			// a new snapshot) tells them apart.
 			return ow, errRaced
 		case !*free:
 			return ow, ErrInProgress
 		case *name != o.name:
-			// op_take.sql took it: end the lease it took at once.
+			// operation_take.sql took it: end the lease it took at once.
 			_ = o.release(ctx, c, *token, ErrMismatch)
 			return ow, fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, *name, o.name)
 		}

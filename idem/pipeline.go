@@ -123,15 +123,21 @@ func (p *pipeline) ended() bool {
 
 func (p *pipeline) reader() querier { return p.conn }
 
-// rollbackConn ends whatever transaction conn is in. A connection that
-// cannot roll back is closed, which rolls back server-side.
-func rollbackConn(ctx context.Context, conn *pgx.Conn) {
-	if conn.IsClosed() || (conn.PgConn().TxStatus() == 'I' && !conn.PgConn().IsBusy()) {
-		return
+// execAll reads n results and reports the first failure and its index,
+// including a COMMIT that the server turned into a rollback.
+func execAll(br pgx.BatchResults, n int) (int, error) {
+	failed, first := -1, error(nil)
+	for i := 0; i < n; i++ {
+		tag, err := br.Exec()
+		if err != nil && first == nil {
+			failed, first = i, err
+		}
+		if err == nil && i == n-1 && tag.String() == "ROLLBACK" && first == nil {
+			failed, first = i, pgx.ErrTxCommitRollback
+		}
 	}
-	ctx, cancel := cleanupContext(ctx)
-	defer cancel()
-	if _, err := conn.Exec(ctx, "rollback"); err != nil {
-		_ = conn.Close(ctx)
+	if err := br.Close(); err != nil && first == nil {
+		failed, first = n, err
 	}
+	return failed, first
 }

@@ -146,7 +146,7 @@ func (c *Client) Lookup(ctx context.Context, scope, key string) (Record, error) 
 		rec.Sealed = true
 		return rec, nil
 	}
-	data, ref, err := open(ctx, &c.base, scope, key, &record{requestHash: *hash, status: *status, response: response, refusal: refusal})
+	data, ref, err := open(ctx, &c.base, scope, key, &storedRow{requestHash: *hash, status: *status, response: response, refusal: refusal})
 	if err != nil {
 		return rec, err
 	}
@@ -196,18 +196,6 @@ func (c *Client) Forget(ctx context.Context, scope, key string) (bool, error) {
 		return false, ErrInProgress
 	}
 	return deleted > 0, nil
-}
-
-// WrapScope returns the scope that Wrap stores operation's keys under for a
-// caller scope, for Lookup and Forget.
-func WrapScope(operation, scope string) (string, error) {
-	if err := validateText(ErrInvalidOption, operation); err != nil || operation == "" {
-		return "", inputError(ErrInvalidOption, "invalid operation %q", operation)
-	}
-	if err := ValidateScope(scope); err != nil {
-		return "", err
-	}
-	return wrapScope(operation, scope)
 }
 
 func isWrapScope(scope string) bool {

@@ -27,8 +27,8 @@ func unclaimed[T any](ctx context.Context, q querier, c *call, cl claim) (T, Out
 	return replay[T](ctx, c, cl.rec)
 }
 
-func lookup(ctx context.Context, q querier, c *call) (*record, error) {
-	var rec record
+func lookup(ctx context.Context, q querier, c *call) (*storedRow, error) {
+	var rec storedRow
 	err := q.QueryRow(ctx, c.stmts.lookup, c.scope, c.key).
 		Scan(&rec.requestHash, &rec.status, &rec.response, &rec.refusal)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -41,7 +41,7 @@ func lookup(ctx context.Context, q querier, c *call) (*record, error) {
 }
 
 // replay returns what rec stores, if it was stored for this request.
-func replay[T any](ctx context.Context, c *call, rec *record) (T, Outcome, error) {
+func replay[T any](ctx context.Context, c *call, rec *storedRow) (T, Outcome, error) {
 	var zero T
 	if rec.status == statusUnfinished {
 		// An operation made of steps holds the key until its last step.
@@ -66,7 +66,7 @@ func replay[T any](ctx context.Context, c *call, rec *record) (T, Outcome, error
 
 // open returns the encoded result and the refusal a row stores, checking a
 // sealed row's envelope against its columns.
-func open(ctx context.Context, s *settings, scope, key string, rec *record) ([]byte, *Refusal, error) {
+func open(ctx context.Context, s *settings, scope, key string, rec *storedRow) ([]byte, *Refusal, error) {
 	data, refusalJSON := rec.response, rec.refusal
 	if s.sealer != nil {
 		plain, err := s.sealer.Open(ctx, scope, key, rec.response)

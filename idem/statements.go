@@ -34,31 +34,31 @@ var (
 	//go:embed sql/plain_only.sql
 	plainOnlySQL string
 
-	//go:embed sql/op_peek.sql
+	//go:embed sql/operation_peek.sql
 	opPeekSQL string
-	//go:embed sql/op_lock.sql
+	//go:embed sql/operation_lock.sql
 	opLockSQL string
-	//go:embed sql/op_begin.sql
+	//go:embed sql/operation_begin.sql
 	opBeginSQL string
-	//go:embed sql/op_take.sql
+	//go:embed sql/operation_take.sql
 	opTakeSQL string
-	//go:embed sql/op_fence.sql
+	//go:embed sql/operation_fence.sql
 	opFenceSQL string
-	//go:embed sql/op_call.sql
+	//go:embed sql/operation_call.sql
 	opCallSQL string
-	//go:embed sql/op_record.sql
+	//go:embed sql/operation_record.sql
 	opRecordSQL string
-	//go:embed sql/op_steps.sql
+	//go:embed sql/operation_steps.sql
 	opStepsSQL string
-	//go:embed sql/op_renew.sql
+	//go:embed sql/operation_renew.sql
 	opRenewSQL string
-	//go:embed sql/op_release.sql
+	//go:embed sql/operation_release.sql
 	opReleaseSQL string
-	//go:embed sql/op_complete.sql
+	//go:embed sql/operation_complete.sql
 	opCompleteSQL string
-	//go:embed sql/op_stats.sql
+	//go:embed sql/operation_stats.sql
 	opStatsSQL string
-	//go:embed sql/op_layout.sql
+	//go:embed sql/operation_layout.sql
 	opLayoutSQL string
 )
 

@@ -86,7 +86,7 @@ func TestOperationDeadlineCountsInItsUnit(t *testing.T) {
 			t.Fatalf("first Run: %v, %v; want failed after its first step", outcome, err)
 		}
 		answer()
-		// The database's clock decides, as op_take.sql does.
+		// The database's clock decides, as operation_take.sql does.
 		for s.count("SELECT count(*) FROM idempotency_keys_operations WHERE idempotency_key = 'k-past' AND deadline_at <= now()") == 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -599,7 +599,7 @@ func TestOperationAnswerLostIsUnknown(t *testing.T) {
 	const key, amount = "k-unknown", 900
 	req := chargeReq{Amount: amount}
 	stored := func(m faultproxy.Message) bool {
-		return !m.FromClient && m.Type == 'C' && strings.Contains(m.SQL, "op_complete:")
+		return !m.FromClient && m.Type == 'C' && strings.Contains(m.SQL, "operation_complete:")
 	}
 	r.proxy.SetRule(faultproxy.Once(stored, faultproxy.CutBefore))
 	op := r.op(r.ownerPool(), nil, noHooks)

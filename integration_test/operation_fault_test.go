@@ -493,7 +493,7 @@ func (r *opRig) inject(ctx, hctx context.Context, c sweepCase, tx pgx.Tx, cancel
 		case "before":
 			r.proxy.SetRule(faultproxy.Once(faultproxy.ClientSQL("begin"), faultproxy.CutBefore))
 		case "inside":
-			r.proxy.SetRule(faultproxy.Once(faultproxy.ClientSQLContains("op_record:"), faultproxy.CutBefore))
+			r.proxy.SetRule(faultproxy.Once(faultproxy.ClientSQLContains("operation_record:"), faultproxy.CutBefore))
 		case "commit":
 			r.proxy.SetRule(faultproxy.Once(isCommitAnswer, faultproxy.CutBefore))
 		case "after":

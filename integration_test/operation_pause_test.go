@@ -60,7 +60,7 @@ func pausedOwner(t *testing.T, r *opRig, key string, stop opPoint, renewalsLost 
 	const amount = 300
 	req := chargeReq{Amount: amount}
 	if renewalsLost {
-		renew := faultproxy.ClientSQLContains("op_renew:")
+		renew := faultproxy.ClientSQLContains("operation_renew:")
 		r.proxy.SetRule(func(m faultproxy.Message) faultproxy.Action {
 			if renew(m) {
 				return faultproxy.CutBefore
@@ -108,7 +108,7 @@ func pausedOwner(t *testing.T, r *opRig, key string, stop opPoint, renewalsLost 
 		t.Fatalf("the caller that took over: %v, %v", res.outcome, res.err)
 	}
 	// Stopped before the charge, the resumed owner calls nothing: the
-	// fence before the external call (op_call.sql) refuses its token, if
+	// fence before the external call (operation_call.sql) refuses its token, if
 	// its renewal has not told it first. The processor is called once,
 	// by the owner that took over.
 	r.settledOnce(key, amount, 1, 1, res.resp)
@@ -116,7 +116,7 @@ func pausedOwner(t *testing.T, r *opRig, key string, stop opPoint, renewalsLost 
 
 // No takeover happens while the owner is inside a database step, however
 // long past its lease it stays there: the step's transaction holds the
-// operation's row, and op_take.sql's NOWAIT answers ErrInProgress. The
+// operation's row, and operation_take.sql's NOWAIT answers ErrInProgress. The
 // owner, resumed, still owns the operation and finishes it.
 func TestOperationNoTakeoverInsideAStep(t *testing.T) {
 	t.Parallel()
@@ -292,8 +292,8 @@ func TestOperationTakeoverStorm(t *testing.T) {
 }
 
 // While an owner works within its lease, a duplicate gets ErrInProgress
-// from the first look (op_peek.sql) alone, opening no transaction, and
-// op_take.sql refuses to take a running lease even from a caller whose look
+// from the first look (operation_peek.sql) alone, opening no transaction, and
+// operation_take.sql refuses to take a running lease even from a caller whose look
 // came before the owner renewed it.
 func TestOperationDuplicateWhileOwnerWorks(t *testing.T) {
 	t.Parallel()
@@ -344,7 +344,7 @@ func TestOperationDuplicateWhileOwnerWorks(t *testing.T) {
 		t.Fatalf("the duplicates opened %d transactions; the look alone must answer them", n)
 	}
 
-	take := readSQL(t, "../idem/sql/op_take.sql")
+	take := readSQL(t, "../idem/sql/operation_take.sql")
 	for {
 		free, taken, err := tryTake(ctx, r, take, key)
 		if pgCode(err) == pgerrcode.LockNotAvailable {
@@ -354,7 +354,7 @@ func TestOperationDuplicateWhileOwnerWorks(t *testing.T) {
 			t.Fatal(err)
 		}
 		if free || taken {
-			t.Fatalf("op_take.sql on a running lease: free %v, taken %v; want neither", free, taken)
+			t.Fatalf("operation_take.sql on a running lease: free %v, taken %v; want neither", free, taken)
 		}
 		break
 	}
@@ -370,7 +370,7 @@ func TestOperationDuplicateWhileOwnerWorks(t *testing.T) {
 	r.settledOnce(key, amount, 1, 1, res.resp)
 }
 
-// tryTake runs op_take.sql for key in a transaction it rolls back, and
+// tryTake runs operation_take.sql for key in a transaction it rolls back, and
 // reports whether the lease was free and whether the statement took the
 // operation (a new token).
 func tryTake(ctx context.Context, r *opRig, take, key string) (free, taken bool, err error) {
@@ -392,8 +392,8 @@ func tryTake(ctx context.Context, r *opRig, take, key string) (free, taken bool,
 	return isFree, row[1] != nil, nil
 }
 
-// A caller whose look (op_lock.sql) came just before an operation began
-// sees its key free, and sends op_begin.sql: the statement must find the
+// A caller whose look (operation_lock.sql) came just before an operation began
+// sees its key free, and sends operation_begin.sql: the statement must find the
 // key taken (no row, and the caller looks again) and leave the live
 // operation alone. Its steps deleted, a database step would run twice.
 func TestOperationBeginLeavesALiveOperationAlone(t *testing.T) {
@@ -424,17 +424,17 @@ func TestOperationBeginLeavesALiveOperationAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var token int64
-	err = tx.QueryRow(ctx, readSQL(t, "../idem/sql/op_begin.sql"), "", key, "another-hash",
+	err = tx.QueryRow(ctx, readSQL(t, "../idem/sql/operation_begin.sql"), "", key, "another-hash",
 		(24 * time.Hour).Microseconds(), "charge", []byte(`{"amount":1}`), r.lease.Microseconds(), nil, "00000000-0000-4000-8000-000000000000").Scan(&token)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		_ = tx.Rollback(ctx)
-		t.Fatalf("op_begin.sql on a live operation's key: token %d, %v; want no row", token, err)
+		t.Fatalf("operation_begin.sql on a live operation's key: token %d, %v; want no row", token, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if now := r.steps(key); !slices.Equal(now, steps) {
-		t.Fatalf("op_begin.sql on a live operation's key changed its steps from %v to %v", steps, now)
+		t.Fatalf("operation_begin.sql on a live operation's key changed its steps from %v to %v", steps, now)
 	}
 
 	resp, outcome, err := op.Run(ctx, key, req)

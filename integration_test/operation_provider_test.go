@@ -490,7 +490,7 @@ func TestOperationFenceBeforeTheCall(t *testing.T) {
 	done := make(chan runResult, 1)
 	go func() { done <- runOp(ctx, op, "k-fence", chargeReq{Amount: 5}) }()
 	<-reached
-	// Another owner took the operation over: a new token, as op_take.sql
+	// Another owner took the operation over: a new token, as operation_take.sql
 	// gives one.
 	if _, err := r.pool.Exec(ctx, "UPDATE idempotency_keys_operations SET token = token + 1000000 WHERE idempotency_key = 'k-fence'"); err != nil {
 		t.Fatal(err)

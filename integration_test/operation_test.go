@@ -285,7 +285,7 @@ func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
 // Forget during an operation's database step answers ErrInProgress at
 // once and touches nothing: it neither waits for the step nor deadlocks
 // with its last statement, which locks the operation's row, then the
-// key's (op_fence.sql, op_complete.sql). The transaction below stands in
+// key's (operation_fence.sql, operation_complete.sql). The transaction below stands in
 // for the step, from its fence on.
 func TestForgetDuringAStepAnswersAtOnce(t *testing.T) {
 	t.Parallel()

@@ -1,4 +1,4 @@
--- op_call: the fence of an external step, sent on its own right before the
+-- operation_call: the fence of an external step, sent on its own right before the
 -- call goes out: the owner's token must still be the operation's, and the
 -- step is marked begun, so that from here on the operation knows the
 -- provider may act under the step's derived key even if no output is ever

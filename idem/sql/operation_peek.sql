@@ -1,4 +1,4 @@
--- op_peek: what a call of an operation (operation.go) finds under its key,
+-- operation_peek: what a call of an operation (operation.go) finds under its key,
 -- read without a transaction, so that a replay, a mismatch and an owner at
 -- work are answered in one round trip.
 --   $1 scope   $2 key

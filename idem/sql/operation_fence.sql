@@ -1,4 +1,4 @@
--- op_fence: the first statement of a database step's transaction: the
+-- operation_fence: the first statement of a database step's transaction: the
 -- owner's token must still be the operation's, and the row lock it takes
 -- keeps every takeover out (op_take.sql's NOWAIT) until the step commits
 -- or rolls back. It renews the lease, and sets the step's idle timeout

@@ -1,4 +1,4 @@
--- op_steps: the outputs an operation's steps recorded in its current run,
+-- operation_steps: the outputs an operation's steps recorded in its current run,
 -- read by a new owner before it runs the operation again: recorded steps
 -- are not run again.
 --   $1 scope   $2 key   $3 the run

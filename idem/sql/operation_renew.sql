@@ -1,4 +1,4 @@
--- op_renew: extends the leases of the owners at work on one Client's
+-- operation_renew: extends the leases of the owners at work on one Client's
 -- operations (lease.go), all in one statement on the renewer's own
 -- connection, so that no renewal waits for the pool the work uses.
 --   $1 scopes   $2 keys   $3 tokens   $4 leases in microseconds (arrays of

@@ -1,4 +1,4 @@
--- op_lock: the first statement of the transaction that begins or takes
+-- operation_lock: the first statement of the transaction that begins or takes
 -- over an operation: the key's advisory lock, claim.sql's, so that a Do
 -- claiming the key and this transaction exclude each other, and the key's
 -- row as this transaction's snapshot sees it after the lock.

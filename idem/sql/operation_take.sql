@@ -1,4 +1,4 @@
--- op_take: takes over an unfinished operation whose owner's lease has
+-- operation_take: takes over an unfinished operation whose owner's lease has
 -- ended, in the transaction op_lock.sql locked: a new token fences the old
 -- owner out of every record it would still make.
 --   $1 scope   $2 key   $3 lease in microseconds

@@ -1,4 +1,4 @@
--- op_begin: begins an operation under a key that is free or expired, in the
+-- operation_begin: begins an operation under a key that is free or expired, in the
 -- transaction op_lock.sql locked: the key's row 'unfinished', which holds
 -- the key against Do and every other call until the last step, and the
 -- operation's row with the first owner's token and lease.

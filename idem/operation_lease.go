@@ -17,7 +17,7 @@ import (
 // lease, or the key was forgotten), it ends ctx with ErrLeaseLost, and
 // every record this owner would still make fails on the token anyway: the
 // renewal makes the owner stop sooner, and the fence before each step
-// (op_fence.sql, op_call.sql) keeps it from starting another.
+// (operation_fence.sql, operation_call.sql) keeps it from starting another.
 type lease struct {
 	r      *renewer
 	scope  string
@@ -59,7 +59,7 @@ func (l *lease) stop() {
 }
 
 // A renewer renews the leases of one Operation's owners at work, all in
-// one statement (op_renew.sql) per round, on a connection of its own
+// one statement (operation_renew.sql) per round, on a connection of its own
 // rather than the pool's: a pool exhausted by the work (load, or clients
 // flooding slow requests) must not keep a live owner from renewing, or
 // another replica would take its operation over while its external call

@@ -1,4 +1,4 @@
--- op_stats: the unfinished operations of a key table (Client.Stats): how
+-- operation_stats: the unfinished operations of a key table (Client.Stats): how
 -- many, and the age of the oldest in microseconds. The table holds
 -- unfinished operations only (op_complete.sql deletes each at its end).
 SELECT count(*),

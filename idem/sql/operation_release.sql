@@ -1,4 +1,4 @@
--- op_release: ends the owner's lease now, with the error it stopped on, so
+-- operation_release: ends the owner's lease now, with the error it stopped on, so
 -- that the next retry or the completer resumes at once rather than after
 -- the lease.
 --   $1 scope   $2 key   $3 token   $4 the error

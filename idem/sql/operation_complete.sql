@@ -1,4 +1,4 @@
--- op_complete: the last step. In one statement, and so in one transaction:
+-- operation_complete: the last step. In one statement, and so in one transaction:
 -- the answer goes under the key, where Do, Lookup and every retry replay it
 -- as any other key's, and the operation's state is deleted. The token
 -- fences it like every other record.

@@ -1,4 +1,4 @@
--- op_record: records a step's output. A database step sends it inside its
+-- operation_record: records a step's output. A database step sends it inside its
 -- own transaction, after op_fence.sql, so the output commits with the
 -- step's writes; an external step sends it on its own, after the call,
 -- and the fence is in the statement: an owner that lost its lease records
