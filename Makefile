@@ -72,7 +72,7 @@ check-modules: ## Fail unless every module loads without a go.work from a clone'
 settle-test: postgres ## The payments example's long settlement test: SIGKILLs, a database restart (a cluster of its own; root), a faulty processor.
 	cd payments_example && IDEM_SETTLE_TEST=1 $(GO) test -race -count=1 -timeout 20m -run 'TestSettleThroughKillsAndRestarts$$' -v .
 
-demo: postgres ## The payments example: exactly-once charging through a network that loses answers.
+demo: postgres ## The payments example: exactly-once charges through a network that loses answers, and deposits consumed once from a JetStream stream.
 	cd payments_example && $(GO) run ./demo
 
 generate: generate-example generate-grpc ## Regenerate every checked-in generated file, and record their checksums (scripts/generated.sum).

@@ -39,6 +39,16 @@
 // the same River client: the operation's first transaction inserts a
 // completer job (package idemriver), scheduled half a -charge-lease past
 // the lease, which resumes it from its last recorded step.
+//
+// With a NATS server (-nats, or NATS_URL; the flag wins), the service also
+// credits accounts with the deposits announced on its JetStream stream
+// DEPOSITS (internal/deposits), each exactly once however often it is
+// delivered: the credit and the event's key (its Nats-Msg-Id) commit in
+// one transaction, through idemconsume and idemnats, and the message is
+// acknowledged after that. It makes the stream if it is missing, and its
+// durable consumer "deposits". The metrics count the deliveries by what
+// became of them (deposits_messages_total). Without one, no deposits are
+// consumed.
 package main
 
 import (
@@ -63,6 +73,7 @@ import (
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
 	"github.com/idemhq/idem/idemriver"
+	"github.com/idemhq/idem/payments_example/internal/deposits"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -116,6 +127,9 @@ type settings struct {
 	// chargeLease is the lease of POST /charges's operation
 	// (payments.ChargesConfig.Lease).
 	chargeLease time.Duration
+	// natsURL is the NATS server whose deposits are credited; empty: none
+	// are.
+	natsURL string
 	// The server's timeouts; the constants above in production, shorter in
 	// tests.
 	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
@@ -147,17 +161,21 @@ func main() {
 	flag.IntVar(&set.paymentBurst, "payment-burst", set.paymentBurst, "POST /payments per account at once, after a pause")
 	flag.DurationVar(&set.chargeLease, "charge-lease", set.chargeLease,
 		"lease of a POST /charges operation: how soon one whose service died is taken up again (at least 100ms)")
+	flag.StringVar(&set.natsURL, "nats", os.Getenv("NATS_URL"),
+		"NATS server URL; the deposits of its JetStream stream DEPOSITS are credited to their accounts (default $NATS_URL; none: no deposits are consumed)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), `Usage: payments_example [-addr host:port] [-metrics-addr host:port] [-sweep-every 1m]
-       [-processor URL] [-payment-rate 5] [-payment-burst 10] [-charge-lease 30s]
+       [-processor URL] [-payment-rate 5] [-payment-burst 10] [-charge-lease 30s] [-nats URL]
 
 A payments service that charges each payment exactly once per Idempotency-Key,
-and settles each at the payment processor exactly once.
+settles each at the payment processor exactly once, and credits each deposit
+of a NATS JetStream stream exactly once.
 
 Environment:
   DATABASE_URL   PostgreSQL connection URL (default %s)
   PROCESSOR_URL  payment processor base URL, if -processor is not given
   METRICS_ADDR   address of GET /metrics, if -metrics-addr is not given
+  NATS_URL       NATS server URL, if -nats is not given
 
 Server timeouts: headers %v, request %v, answer %v, idle connection %v.
 
@@ -279,10 +297,11 @@ func listenMetrics(ctx context.Context, addr string, fallback bool, log *slog.Lo
 }
 
 // serve serves the API on ln, and GET /metrics on metricsLn if it is not
-// nil, until ctx ends, then shuts down gracefully: the listeners close,
-// requests in flight finish (up to 10s), settlement jobs in flight finish
-// (up to 10s more), the sweeper stops, and the metrics' MeterProvider
-// shuts down, before it returns. The API never serves the metrics: they
+// nil, and consumes the deposits if set.natsURL says where, until ctx
+// ends, then shuts down gracefully: the listeners close, requests in
+// flight finish (up to 10s), settlement jobs in flight finish (up to 10s
+// more), the deposit in hand is settled or abandoned, the sweeper stops,
+// and the metrics' MeterProvider shuts down, before it returns. The API never serves the metrics: they
 // are for the operator's network, not for clients.
 func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, log *slog.Logger, set settings) (err error) {
 	closeAll := func() {
@@ -298,14 +317,12 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 	}
 	// Deferred first, so it runs last: nothing records any more.
 	defer func() { err = errors.Join(err, mp.Shutdown(context.WithoutCancel(ctx))) }()
-	// One idem.Client holds the deployment's key settings; the middleware
-	// and the sweeper share it. Its Observer counts every call in the
-	// metrics (idem_calls_total, idem_duration_seconds); its Logger
-	// receives failed sweeps.
-	keys, err := idem.NewClient(pool, &idem.Config{
-		Observer: idemotel.New(idemotel.WithMeterProvider(mp)),
-		Logger:   log,
-	})
+	// One idem.Client holds the deployment's key settings; the middleware,
+	// the deposits consumer and the sweeper share it. Its Observer counts
+	// every call in the metrics (idem_calls_total, idem_duration_seconds);
+	// its Logger receives failed sweeps.
+	obs := idemotel.New(idemotel.WithMeterProvider(mp))
+	keys, err := idem.NewClient(pool, &idem.Config{Observer: obs, Logger: log})
 	if err != nil {
 		closeAll()
 		return err
@@ -332,6 +349,19 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 		// request inserts a job any more.
 		defer func() { err = errors.Join(err, stopJobs()) }()
 		settler, charges = jobs, ops
+	}
+	if set.natsURL != "" {
+		consumerObs, err := newConsumerMetrics(mp, obs)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		stopDeposits, err := startDeposits(ctx, set.natsURL, keys, consumerObs, log)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		defer func() { err = errors.Join(err, stopDeposits()) }()
 	}
 	handler, err := payments.NewHandler(pool, keys, &payments.Config{
 		Settler:      settler,
@@ -379,7 +409,7 @@ func serve(ctx context.Context, ln, metricsLn net.Listener, pool *pgxpool.Pool, 
 	}
 	log.Info("serving", "addr", ln.Addr().String(), "metrics_addr", metricsAt, "sweep_every", set.sweepEvery,
 		"processor", set.processorURL, "payment_rate", float64(set.paymentRate), "payment_burst", set.paymentBurst,
-		"charge_lease", set.chargeLease)
+		"charge_lease", set.chargeLease, "nats", set.natsURL)
 
 	var failed error
 	select {
@@ -463,12 +493,15 @@ func startSettlement(ctx context.Context, pool *pgxpool.Pool, keys *idem.Client,
 	return settlement.NewQueue(jobs), charges, stop, nil
 }
 
-// migrate creates the tables, River's included, waiting for the database
+// migrate creates the tables, deposits' and River's included, waiting for the database
 // if it is not up yet: the service starts listening, and /healthz answers
 // 200, only once it can serve.
 func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	for {
 		err := payments.Migrate(ctx, pool)
+		if err == nil {
+			err = deposits.Migrate(ctx, pool)
+		}
 		if err == nil {
 			err = settlement.Migrate(ctx, pool)
 		}

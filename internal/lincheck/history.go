@@ -24,6 +24,13 @@
 // that stored it, and the database and the external provider left at the
 // end agree with the answer: each database step's rows exactly once, one
 // effect at the provider under the derived key, nothing left unfinished.
+//
+// CheckDeliveries does the same for the deliveries of a message consumer
+// (idemconsume, consumer.go): each message key is the write-once register
+// above, each delivery a call of it that ends in a settlement, and the
+// broker is told no more than the outcome proves: an Ack only once the
+// message's effect committed. The database left once every delivery was
+// settled holds each stored message's effect exactly once.
 package lincheck
 
 import "fmt"

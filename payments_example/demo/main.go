@@ -29,22 +29,42 @@
 // checks that every charge that began was finished and charged at the
 // processor exactly once.
 //
-// Last, it prints what the service with idem counted itself,
-// read from its GET /metrics (on its internal listener) before it was stopped: idem_calls_total by
-// outcome and HTTP status since its restart, and whether its replays are
-// the replays the proxy relayed from it.
+// Both services also consume, through the same kill, 200 deposits for an
+// account of their own from a NATS JetStream stream (internal/deposits),
+// on a NATS server embedded in the demo's process: the service with idem
+// credits each in the transaction of its key (its Nats-Msg-Id), through
+// idemconsume and idemnats; the unprotected one credits each delivery in
+// a plain transaction and acknowledges it after COMMIT. The deposits come
+// in ten batches, keeping pace with the payments, and the kill waits until
+// the service holds some it has not acknowledged, which the stream
+// delivers again. The producer publishes about a tenth of them a second
+// time, with the same Nats-Msg-Id, later than the stream's duplicate
+// window (a second here, two minutes by default), as an outbox replayed
+// after a restart would. The ledger has no unique constraint on the
+// event's id: the demo counts the credits of each deposit and checks the
+// balance.
 //
-// Run it with `make demo` or `go run ./payments_example/demo`. It finds
-// PostgreSQL as the tests do (IDEM_TEST_DATABASE_URL, DATABASE_URL, else
-// 127.0.0.1:5432), works in a database of its own that it drops at the end,
-// and exits non-zero if, with idem, the balance is not exact, a payment is
-// not settled exactly once within a minute of the last answer, a charge
-// is unfinished, duplicated or not charged exactly once a minute after
-// the last answer, or the service's metrics count other replays than the
-// proxy relayed.
+// Last, it prints what the service with idem counted itself,
+// read from its GET /metrics (on its internal listener) before it was
+// stopped: idem_calls_total by outcome and HTTP status since its restart,
+// its deposits consumer's deliveries by result, and whether its replays
+// are the replays the proxies relayed from it and the duplicate deposits
+// its consumer dropped.
+//
+// Run it with `make demo` or `cd payments_example && go run ./demo`. It
+// finds PostgreSQL as the tests do (IDEM_TEST_DATABASE_URL, DATABASE_URL,
+// else 127.0.0.1:5432), works in a database of its own that it drops at
+// the end, needs no NATS server of the machine's, and exits non-zero if,
+// with idem, the balance is not exact, a payment is not settled exactly
+// once within a minute of the last answer, a charge is unfinished,
+// duplicated or not charged exactly once a minute after the last answer,
+// a deposit is credited twice or not at all or the stream still holds
+// one a minute after the last publish, or the service's metrics count
+// other replays than the proxies relayed and its consumer dropped.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -64,6 +84,7 @@ import (
 
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/callmetrics"
+	"github.com/idemhq/idem/payments_example/internal/deposits"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -88,28 +109,33 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, timeLimit)
 	defer cancel()
 
-	with, _, _, err := run(ctx, os.Stdout, makePlan(), makeChargePlan(), nil)
+	with, _, _, err := run(ctx, os.Stdout, makePlan(), makeChargePlan(), makeDepositPlan(), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
 	}
-	if !with.exact() || !with.sync.exact() || !with.metricsAgree() {
+	if !with.exact() || !with.sync.exact() || !with.deposits.exact() || !with.metricsAgree() {
 		os.Exit(1)
 	}
 }
 
-// run plays both halves of the demo with plan, and the charges of
-// charges with the service with idem, then plan once more against the
-// service with idem from a naive client (go-retryablehttp's defaults, a
-// new key per attempt), reports them on out and returns them. wrap, if not nil, wraps the transport of every request the demo
-// sends to the service (the tests check them against the spec).
-func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, wrap func(http.RoundTripper) http.RoundTripper) (with, without, naive outcome, err error) {
+// run plays both halves of the demo with plan and the deposits of
+// depositPlan, and the charges of charges with the service with idem,
+// then plan once more against the service with idem from a naive client
+// (go-retryablehttp's defaults, a new key per attempt), reports them on
+// out and returns them. wrap, if not nil, wraps the transport of every
+// request the demo sends to the service (the tests check them against the
+// spec).
+func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, depositPlan []deposit, wrap func(http.RoundTripper) http.RoundTripper) (with, without, naive outcome, err error) {
 	pool, cleanup, err := freshDatabase(ctx, serverURL())
 	if err != nil {
 		return with, without, naive, err
 	}
 	defer cleanup()
 	if err := payments.Migrate(ctx, pool); err != nil {
+		return with, without, naive, err
+	}
+	if err := deposits.Migrate(ctx, pool); err != nil {
 		return with, without, naive, err
 	}
 	if err := settlement.Migrate(ctx, pool); err != nil {
@@ -132,11 +158,15 @@ func run(ctx context.Context, out io.Writer, plan []payment, charges []charge, w
 		"loses %.0f%% of its answers, and is killed (SIGKILL) and restarted once, halfway.\n"+
 		"Meanwhile the service with idem takes %d synchronous charges (POST /charges) from\n"+
 		"another account, through the same network and the same kill; %.0f%% of their\n"+
-		"clients give up after %v, while the processor (%v) is being asked.\n\n",
+		"clients give up after %v, while the processor (%v) is being asked.\n"+
+		"And each service consumes %d deposits for an account of their own from a NATS\n"+
+		"JetStream stream, in %d batches, through the same kill; %d of them are published\n"+
+		"a second time with the same Nats-Msg-Id, later than the stream's duplicate window.\n\n",
 		len(plan), workers, lossRate*100, processorFail*100, processorLose*100,
-		len(charges), giveUpShare*100, giveUpAfter, processorLatency)
+		len(charges), giveUpShare*100, giveUpAfter, processorLatency,
+		len(depositPlan), depositBatches, retriedCount(depositPlan))
 
-	h := half{pool: pool, dbURL: pool.Config().ConnString(), dir: dir, plan: plan, charges: charges, wrap: wrap}
+	h := half{pool: pool, dbURL: pool.Config().ConnString(), dir: dir, plan: plan, charges: charges, deposits: depositPlan, wrap: wrap}
 	if with, err = h.play(ctx, bins[0], true); err != nil {
 		return with, without, naive, fmt.Errorf("with idem: %w", err)
 	}
@@ -195,6 +225,8 @@ type outcome struct {
 
 	// With idem: the synchronous charges (POST /charges).
 	sync chargeOutcome
+	// The deposits consumed from the stream.
+	deposits depositOutcome
 }
 
 func (o outcome) duplicates() int { return o.charges - (o.sent - len(o.failed)) }
@@ -210,9 +242,9 @@ func (o outcome) exact() bool {
 
 // metricsAgree reports whether the restarted service counted as many
 // replays in its metrics as the proxies relayed from it, the payments' and
-// the charges'.
+// the charges', and its deposits consumer counted as duplicates.
 func (o outcome) metricsAgree() bool {
-	return callmetrics.Of(o.metrics, "replayed") == o.replaysSinceRestart+o.sync.replaysSinceRestart
+	return callmetrics.Of(o.metrics, "replayed") == o.replaysSinceRestart+o.sync.replaysSinceRestart+o.deposits.counted["duplicate"]
 }
 
 // half is what both halves of the demo share.
@@ -223,19 +255,25 @@ type half struct {
 	plan  []payment
 	// charges are sent to the service with idem, alongside plan.
 	charges []charge
-	wrap    func(http.RoundTripper) http.RoundTripper
+	// deposits are published to a stream that the service consumes,
+	// alongside plan.
+	deposits []deposit
+	wrap     func(http.RoundTripper) http.RoundTripper
 	// naive sends the payments through newNaiveClient, and nothing else:
-	// no charges, no wait for settlement, no metrics.
+	// no charges, no deposits, no wait for settlement, no metrics.
 	naive bool
 }
 
 // play runs the service bin as a child process against a fake processor,
 // behind a lossy proxy, opens an account and sends the plan through the
-// proxy, killing and restarting the service once on the way. With async
-// (the service with idem), settlement happens after the answers, and play
-// waits for it (up to settleBound after the last answer); and the charges
-// go through a proxy of their own at the same time, and play waits until
-// none is unfinished.
+// proxy, killing and restarting the service once on the way. Unless
+// naive, the deposits are published meanwhile to a NATS server of the
+// half's own, which the service consumes, and play waits until none is
+// pending (up to settleBound after the last publish) before it counts
+// their credits. With async (the service with idem), settlement happens
+// after the answers, and play waits for it (up to settleBound after the
+// last answer); and the charges go through a proxy of their own at the
+// same time, and play waits until none is unfinished.
 func (h half) play(ctx context.Context, bin string, async bool) (outcome, error) {
 	fake, err := processor.NewFake(processor.FakeConfig{FailRate: processorFail, LoseRate: processorLose, Seed: seed})
 	if err != nil {
@@ -248,6 +286,23 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	}
 	defer stopProcessor()
 	args := []string{"-processor", processorURL}
+	var dep *depositor // the deposits, unless naive
+	if !h.naive {
+		natsDir, err := os.MkdirTemp(h.dir, "nats-")
+		if err != nil {
+			return outcome{}, err
+		}
+		natsURL, stopNATS, err := startNATS(natsDir)
+		if err != nil {
+			return outcome{}, err
+		}
+		defer stopNATS()
+		if dep, err = newDepositor(ctx, natsURL, h.deposits); err != nil {
+			return outcome{}, err
+		}
+		defer dep.close()
+		args = append(args, "-nats", natsURL)
+	}
 	var metricsURL string
 	if async {
 		// The service with idem: its metrics on a loopback port of their
@@ -262,7 +317,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		args = append(args, "-metrics-addr", metricsAddr, "-payment-rate", "100000", "-payment-burst", "100000",
 			"-charge-lease", chargeLease.String())
 	}
-	svc, err := newChild(ctx, h.dir, bin, args, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=", "METRICS_ADDR=")
+	svc, err := newChild(ctx, h.dir, bin, args, "DATABASE_URL="+h.dbURL, "PROCESSOR_URL=", "METRICS_ADDR=", "NATS_URL=")
 	if err != nil {
 		return outcome{}, err
 	}
@@ -314,6 +369,11 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		}
 		slow.account.Store(&ch.account)
 	}
+	if dep != nil {
+		if err := dep.openAccount(ctx, signUp); err != nil {
+			return outcome{}, err
+		}
+	}
 
 	var retries, answered atomic.Int64
 	retrying := newRetryingClient(&retries, h.wrap)
@@ -324,17 +384,28 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	if err != nil {
 		return outcome{}, err
 	}
-	// Halfway, the service is killed and started again; the payments,
-	// and the charges that keep pace with them, carry on, and their
-	// retries meet a service that is down, then fresh.
-	var killer, charging sync.WaitGroup
-	var killErr error
+	// Halfway, the service is killed and started again, once it holds
+	// deposits it has not acknowledged; the payments, and the charges and
+	// deposits that keep pace with them, carry on, and their retries meet
+	// a service that is down, then fresh.
+	var killer, charging, depositing sync.WaitGroup
+	var killErr, depositErr error
 	killer.Go(func() {
 		for answered.Load() < int64(killAt*float64(len(h.plan))) && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
+		if dep != nil {
+			if killErr = dep.waitInHand(ctx); killErr != nil {
+				return
+			}
+		}
 		if killErr = svc.kill(); killErr != nil {
 			return
+		}
+		if dep != nil {
+			if killErr = dep.killed(ctx); killErr != nil {
+				return
+			}
 		}
 		// The answers from here on are the next run's.
 		proxy.restarted()
@@ -345,6 +416,18 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	})
 	if ch != nil {
 		charging.Go(func() { ch.chargeAll(ctx, &answered, len(h.plan)) })
+	}
+	if dep != nil {
+		// Publishing, then waiting for the stream to drain, runs on while
+		// play waits for settlement; play returning early stops it.
+		depCtx, stopDeposits := context.WithCancel(ctx)
+		defer depositing.Wait()
+		defer stopDeposits()
+		depositing.Go(func() {
+			if depositErr = dep.publishAll(depCtx, &answered, len(h.plan)); depositErr == nil {
+				depositErr = dep.drain(depCtx)
+			}
+		})
 	}
 	results := payAll(ctx, payer, account, h.plan, workers, &answered)
 	charging.Wait()
@@ -378,6 +461,15 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 			return outcome{}, err
 		}
 	}
+	if dep != nil {
+		depositing.Wait()
+		if depositErr != nil {
+			return outcome{}, depositErr
+		}
+		if o.deposits, err = dep.measure(ctx, h.pool); err != nil {
+			return outcome{}, err
+		}
+	}
 	got, err := owner.GetAccountWithResponse(ctx, account)
 	if err != nil {
 		return outcome{}, err
@@ -387,9 +479,9 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 	}
 	o.actual = got.JSON200.Balance
 	if async && !h.naive {
-		// The service counts its calls too, from its start: these are the
-		// restarted run's.
-		if o.metrics, err = scrape(ctx, metricsURL); err != nil {
+		// The service counts its calls and its deposits too, from its
+		// start: these are the restarted run's.
+		if o.metrics, o.deposits.counted, o.deposits.redeliveries, err = scrape(ctx, metricsURL); err != nil {
 			return outcome{}, err
 		}
 		o.replaysSinceRestart = proxy.replaysSinceRestart()
@@ -467,10 +559,11 @@ func report(out io.Writer, with, without outcome) {
 	fmt.Fprintf(out, "\nThe synchronous charges (POST /charges, an idem.Operation finished by idemriver's\n"+
 		"completer when its client gave up), with idem:\n")
 	reportCharges(out, with.sync)
+	reportDeposits(out, with.deposits, without.deposits)
 
 	fmt.Fprintf(out, "\nThe service's own count, from its GET /metrics (idem_calls_total by outcome and\n"+
-		"HTTP status; the charges' calls carry none). A process counts from its start, so\n"+
-		"these are the restarted one's:\n")
+		"HTTP status; the charges' and the deposits' calls carry none). A process counts\n"+
+		"from its start, so these are the restarted one's:\n")
 	for _, c := range with.metrics {
 		status := c.Status
 		if status == "" {
@@ -483,8 +576,19 @@ func report(out io.Writer, with, without outcome) {
 		fmt.Fprintf(out, "  outcome=%-15s status=%-4s %6d%s\n", c.Outcome, status, c.N, by)
 	}
 	counted := callmetrics.Of(with.metrics, "replayed")
-	fmt.Fprintf(out, "Of the %d replays served, %d came from the restarted service: its metrics counted %d",
-		with.replays+with.sync.replays, with.replaysSinceRestart+with.sync.replaysSinceRestart, counted)
+	d := with.deposits
+	fmt.Fprintf(out, "Its deposits consumer, since the restart (deposits_messages_total by result):\n")
+	for _, r := range []string{"credited", "refused", "duplicate", "retried", "dead_lettered"} {
+		if n, ok := d.counted[r]; ok {
+			fmt.Fprintf(out, "  result=%-15s %6d\n", r, n)
+		}
+	}
+	fmt.Fprintf(out, "  and %d redeliveries (deposits_redeliveries_total), of the %d deposits in hand at the kill.\n",
+		d.redeliveries, d.inHand)
+	fromClients := with.replaysSinceRestart + with.sync.replaysSinceRestart
+	fmt.Fprintf(out, "Of the %d replays served, %d came from the restarted service; with the %d duplicate\n"+
+		"deposits its consumer dropped, that is %d: its metrics counted %d",
+		with.replays+with.sync.replays, fromClients, d.counted["duplicate"], fromClients+d.counted["duplicate"], counted)
 	if with.metricsAgree() {
 		fmt.Fprintln(out, ".")
 	} else {
@@ -494,21 +598,33 @@ func report(out io.Writer, with, without outcome) {
 
 // scrape reads the service's GET /metrics at url, on its internal
 // listener (no part of the API, so not through the generated client), and
-// returns its idem calls by outcome and HTTP status.
-func scrape(ctx context.Context, url string) ([]callmetrics.Count, error) {
+// returns its idem calls by outcome and HTTP status, and its deposits
+// consumer's deliveries by result and its redeliveries.
+func scrape(ctx context.Context, url string) (calls []callmetrics.Count, deliveries map[string]int64, redeliveries int64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
 	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: status %d", res.StatusCode)
+		return nil, nil, 0, fmt.Errorf("GET /metrics: status %d", res.StatusCode)
 	}
-	return callmetrics.Read(res.Body)
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if calls, err = callmetrics.Read(bytes.NewReader(body)); err != nil {
+		return nil, nil, 0, err
+	}
+	if deliveries, err = callmetrics.Sum(bytes.NewReader(body), callmetrics.DepositsMetric, callmetrics.DepositsResultName); err != nil {
+		return nil, nil, 0, err
+	}
+	re, err := callmetrics.Sum(bytes.NewReader(body), callmetrics.RedeliveriesMetric, "")
+	return calls, deliveries, re[""], err
 }
 
 // headRows prints the heading of a table that sets a beside b, and the

@@ -18,9 +18,12 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 // answer is replayed, the balance is exact and the processor charges each
 // payment once, all settled within the bound; every synchronous charge
 // that began is finished (those whose clients gave up, by the completer)
-// and charged at the processor exactly once; and the restarted service's
-// metrics count the replays the proxy relayed from it; without it lost
-// answers become duplicate charges, in the service and at the processor.
+// and charged at the processor exactly once; every deposit of the stream
+// is credited exactly once, through the kill and the second publishes;
+// and the restarted service's metrics count the replays the proxy relayed
+// from it and the duplicate deposits its consumer dropped; without it lost
+// answers become duplicate charges, in the service and at the processor,
+// and second publishes duplicate credits.
 // Every request the demo sends the service, and every answer, is checked
 // against the spec.
 func TestPlay(t *testing.T) {
@@ -30,7 +33,7 @@ func TestPlay(t *testing.T) {
 	spec := spectest.New(t)
 	wrap := func(rt http.RoundTripper) http.RoundTripper { return spec.Transport(t, rt) }
 	var out bytes.Buffer
-	with, without, naive, err := run(t.Context(), &out, makePlan()[:60], makeChargePlan()[:30], wrap)
+	with, without, naive, err := run(t.Context(), &out, makePlan()[:60], makeChargePlan()[:30], makeDepositPlan()[:40], wrap)
 	t.Logf("\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +47,15 @@ func TestPlay(t *testing.T) {
 	if c := with.sync; !c.exact() || c.gaveUp == 0 || c.byCompleter == 0 || c.begun < c.sent-c.gaveUp ||
 		c.processorDuplicates() != 0 || c.duplicates() != 0 || c.unfinished != 0 {
 		t.Fatalf("charges: %+v; want exact, no duplicate, nothing unfinished, and some finished by the completer", c)
+	}
+	// The deposits: each credited once, none lost, though the kill met
+	// some in the service's hands; without idem, the second publishes
+	// are credited again.
+	if d := with.deposits; !d.exact() || d.inHand == 0 || d.republished == 0 || d.redeliveries == 0 {
+		t.Fatalf("deposits: %+v; want exact, some in hand at the kill, redelivered, and some published twice", d)
+	}
+	if d := without.deposits; d.duplicates < d.republished || d.lost != 0 {
+		t.Fatalf("deposits without idem: %+v; want a duplicate credit for each second publish, none lost", d)
 	}
 	// The restarted service's metrics: it executed payments, and counted
 	// as replays exactly the replays the proxy relayed from it.

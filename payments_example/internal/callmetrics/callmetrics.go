@@ -1,7 +1,8 @@
 // Package callmetrics reads the count of idem's calls from the payments
 // service's GET /metrics: the idem_calls_total series of the exposition,
-// summed by outcome and HTTP status. The demo prints them; the tests check
-// them.
+// summed by outcome and HTTP status; and, with Sum, any counter of it by
+// one label, such as the deposits consumer's deliveries. The demo prints
+// them; the tests check them.
 package callmetrics
 
 import (
@@ -22,6 +23,15 @@ const (
 	OutcomeName = "idem_outcome"
 	StatusName  = "http_response_status_code"
 	ResumeName  = "idem_resume"
+)
+
+// The names of the deposits consumer's counters, as the exporter gives the
+// service's deposits.messages (by deposits.result) and
+// deposits.redeliveries.
+const (
+	DepositsMetric     = "deposits_messages_total"
+	DepositsResultName = "deposits_result"
+	RedeliveriesMetric = "deposits_redeliveries_total"
 )
 
 // A Count is how many calls ended with an outcome and an HTTP status.
@@ -77,6 +87,34 @@ func Read(r io.Reader) ([]Count, error) {
 			cmp.Compare(a.Status, b.Status), boolCompare(a.Resume, b.Resume))
 	})
 	return counts, nil
+}
+
+// Sum parses a Prometheus text exposition and returns the counter metric
+// summed by the value of its label ("" for series without it). An
+// exposition without the metric has no sums.
+func Sum(r io.Reader, metric, label string) (map[string]int64, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("callmetrics: %w", err)
+	}
+	sums := map[string]float64{}
+	if f := families[metric]; f != nil {
+		for _, m := range f.GetMetric() {
+			value := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					value = l.GetValue()
+				}
+			}
+			sums[value] += m.GetCounter().GetValue()
+		}
+	}
+	out := make(map[string]int64, len(sums))
+	for k, v := range sums {
+		out[k] = int64(v)
+	}
+	return out, nil
 }
 
 // rank places the known outcomes first, in idem's order.

@@ -50,3 +50,34 @@ idem_key_count{idem_key_state="expired",idem_table="idempotency_keys"} 7
 		t.Error("Read of a malformed exposition: no error")
 	}
 }
+
+// TestSum sums a counter by one label over the others, and ignores other
+// metrics.
+func TestSum(t *testing.T) {
+	const text = `# HELP deposits_messages_total Deliveries.
+# TYPE deposits_messages_total counter
+deposits_messages_total{deposits_result="credited",otel_scope_name="x"} 5
+deposits_messages_total{deposits_result="duplicate",otel_scope_name="x"} 2
+deposits_messages_total{deposits_result="duplicate",otel_scope_name="y"} 1
+# HELP deposits_redeliveries_total Redeliveries.
+# TYPE deposits_redeliveries_total counter
+deposits_redeliveries_total{otel_scope_name="x"} 4
+`
+	got, err := callmetrics.Sum(strings.NewReader(text), callmetrics.DepositsMetric, callmetrics.DepositsResultName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{"credited": 5, "duplicate": 3}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Sum by result = %v, want %v", got, want)
+	}
+	got, err = callmetrics.Sum(strings.NewReader(text), callmetrics.RedeliveriesMetric, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{"": 4}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Sum of redeliveries = %v, want %v", got, want)
+	}
+	if got, err := callmetrics.Sum(strings.NewReader(""), callmetrics.DepositsMetric, callmetrics.DepositsResultName); err != nil || len(got) != 0 {
+		t.Errorf("Sum(empty) = %v, %v; want no sums", got, err)
+	}
+}

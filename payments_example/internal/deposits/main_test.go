@@ -1,0 +1,11 @@
+package deposits_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/idemhq/idem/internal/testdb"
+)
+
+// testdb.Main runs goleak after the tests.
+func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
