@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DefaultTTL is how long a completed key is replayed when Config.TTL is not
@@ -106,37 +107,35 @@ type Config struct {
 	IdleTimeout time.Duration
 }
 
-// A Client is a database and the Config of a deployment, checked once. It
-// is a Beginner: pass it to Do, Run, Wrap and idemhttp wherever a database
-// is expected, and they use its settings. It is safe for concurrent use and
-// cheap to copy with On.
+// A Client is a deployment's pool and its Config, checked once. It is a
+// Beginner: pass it to Do, Run, Wrap and idemhttp wherever a database is
+// expected, and they use its settings. It is safe for concurrent use. On
+// gives a Client with the same settings on one transaction or connection
+// (for Do inside an outer transaction); an Operation needs the pool itself,
+// so NewOperation refuses a Client made by On.
 //
 //	keys, err := idem.NewClient(pool, &idem.Config{TTL: 48 * time.Hour, Logger: log})
 //	...
 //	payment, err := idem.Do(ctx, keys, key, hash, charge)
 type Client struct {
 	db   Beginner
+	pool *pgxpool.Pool // db, unless the Client was made by On
 	base settings
 }
 
-// NewClient returns a Client for db with cfg (nil means the defaults). It
+// NewClient returns a Client for pool with cfg (nil means the defaults). It
 // checks cfg without touching the database; an invalid setting is an error
-// wrapping ErrInvalidOption or ErrInvalidTable. db may itself be a Client, in
-// which case its database is used with cfg.
+// wrapping ErrInvalidOption or ErrInvalidTable.
 //
-// If cfg sets anything other than the defaults and db is a *pgxpool.Pool or
-// a *pgx.Conn, db is no longer accepted bare: Do, Run, Wrap and the
-// integrations given db itself fail with ErrInvalidOption before any
-// database work, rather than run with the defaults (another table, another
-// TTL, nothing sealed). Pass the Client. A database with two Clients (two
-// tables) is refused bare as well: each call site names the Client it
-// means.
-func NewClient(db Beginner, cfg *Config) (*Client, error) {
-	if db == nil || isNilPointer(db) {
-		return nil, inputError(ErrInvalidOption, "NewClient: nil database (a nil %T)", db)
-	}
-	if c, ok := db.(*Client); ok {
-		db = c.db
+// If cfg sets anything other than the defaults, pool is no longer accepted
+// bare: Do, Run, Wrap and the integrations given the pool itself fail with
+// ErrInvalidOption before any database work, rather than run with the
+// defaults (another table, another TTL, nothing sealed). Pass the Client. A
+// pool with two Clients (two tables) is refused bare as well: each call site
+// names the Client it means.
+func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
+	if pool == nil {
+		return nil, inputError(ErrInvalidOption, "NewClient: nil pool")
 	}
 	if cfg == nil {
 		cfg = &Config{}
@@ -177,9 +176,9 @@ func NewClient(db Beginner, cfg *Config) (*Client, error) {
 	}
 	s.sealer, s.observer, s.logger = cfg.Sealer, cfg.Observer, cfg.Logger
 	if !s.isDefault() {
-		markConfigured(db)
+		markConfigured(pool)
 	}
-	return &Client{db: db, base: s}, nil
+	return &Client{db: pool, pool: pool, base: s}, nil
 }
 
 func defaultSettings() settings {
@@ -226,12 +225,14 @@ func (c *Client) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error
 }
 
 // On returns a Client with the same settings on db: an outer pgx.Tx, say,
-// so that Do runs in a savepoint of it and the key commits with it.
+// so that Do runs in a savepoint of it and the key commits with it, or one
+// connection of the pool. Given a Client, On uses that Client's database.
 func (c *Client) On(db Beginner) *Client {
 	if inner, ok := db.(*Client); ok {
 		db = inner.db
 	}
-	return &Client{db: db, base: c.base}
+	pool, _ := db.(*pgxpool.Pool)
+	return &Client{db: db, pool: pool, base: c.base}
 }
 
 // Table returns the key table the Client uses.

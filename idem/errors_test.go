@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 )
@@ -113,7 +114,7 @@ func TestNewClientConfig(t *testing.T) {
 		{Table: "billing.keys", TTL: time.Hour, SweepBatchSize: 10},
 		{Table: "idempotency_keys", TTL: time.Nanosecond, MaxResultBytes: 1, IdleTimeout: -1},
 	} {
-		if _, err := idem.NewClient(fakeBeginner{}, cfg); err != nil {
+		if _, err := idem.NewClient(unreachablePool(t), cfg); err != nil {
 			t.Errorf("NewClient(%+v): %v", cfg, err)
 		}
 	}
@@ -130,12 +131,12 @@ func TestNewClientConfig(t *testing.T) {
 		"quoted table":         {idem.Config{Table: `"keys"`}, idem.ErrInvalidTable},
 		"three-part table":     {idem.Config{Table: "db.billing.keys"}, idem.ErrInvalidTable},
 	} {
-		if _, err := idem.NewClient(fakeBeginner{}, &c.cfg); !errors.Is(err, c.want) {
+		if _, err := idem.NewClient(unreachablePool(t), &c.cfg); !errors.Is(err, c.want) {
 			t.Errorf("NewClient(%s) = %v, want %v", name, err, c.want)
 		}
 	}
 	if _, err := idem.NewClient(nil, nil); !errors.Is(err, idem.ErrInvalidOption) {
-		t.Errorf("NewClient(nil db) = %v, want ErrInvalidOption", err)
+		t.Errorf("NewClient(nil pool) = %v, want ErrInvalidOption", err)
 	}
 }
 
@@ -153,10 +154,14 @@ func TestValidateScope(t *testing.T) {
 	}
 }
 
-// fakeBeginner is a database that must never be reached: NewClient checks
-// its Config without one.
-type fakeBeginner struct{}
-
-func (fakeBeginner) Begin(context.Context) (pgx.Tx, error) {
-	panic("NewClient touched the database")
+// unreachablePool is a pool that cannot connect (pgxpool connects lazily):
+// NewClient checks its Config without touching the database.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://idem@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

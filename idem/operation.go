@@ -132,7 +132,8 @@ type Resumer interface {
 // StatusUnfinished, Sweep leaves it alone and Stats counts it; once it
 // finished, Do with its key and request hash replays its answer.
 //
-// Operations need a Client on a *pgxpool.Pool and the plain table layout.
+// Operations need the Client of a pool (NewClient, not On) and the plain
+// table layout.
 // While owners work, the Operation keeps one connection of its own beside
 // the pool, opened with the pool's settings and hooks (BeforeConnect,
 // AfterConnect), on which it renews their leases; it closes it shortly
@@ -169,9 +170,9 @@ func NewOperation[Req, Resp any](c *Client, name string, fn func(s *Steps, req R
 	if c == nil {
 		return nil, inputError(ErrInvalidOption, "NewOperation: nil Client")
 	}
-	pool, ok := c.db.(*pgxpool.Pool)
-	if !ok {
-		return nil, inputError(ErrInvalidOption, "NewOperation: the Client's database is a %T; an operation needs a *pgxpool.Pool (its lease is renewed on a connection of its own)", c.db)
+	pool := c.pool
+	if pool == nil {
+		return nil, inputError(ErrInvalidOption, "NewOperation: the Client was made by On, on a %T; an operation needs the Client of the pool (NewClient), whose connections its steps take and beside which its leases are renewed", c.db)
 	}
 	if err := validateText(ErrInvalidOption, name); err != nil || name == "" {
 		return nil, inputError(ErrInvalidOption, "NewOperation: invalid name %q", name)

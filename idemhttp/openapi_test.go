@@ -3,20 +3,26 @@ package idemhttp_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 )
 
-// noDatabase is a Beginner for Clients that never reach a database.
-type noDatabase struct{}
-
-func (noDatabase) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("no database") }
+// noDatabase is a pool for Clients that never reach a database: pgxpool
+// connects lazily, and this one could not.
+func noDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://idem@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
 
 // TestOpenAPIComponentsTTL: the published document states the Client's key
 // lifetime in each place that states one, and no other (draft §2.5.2: the
@@ -37,7 +43,7 @@ func TestOpenAPIComponentsTTL(t *testing.T) {
 		{1500 * time.Millisecond, "1.5s"},
 	}
 	for _, tt := range tests {
-		keys, err := idem.NewClient(noDatabase{}, &idem.Config{TTL: tt.ttl})
+		keys, err := idem.NewClient(noDatabase(t), &idem.Config{TTL: tt.ttl})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -437,7 +437,7 @@ func TestRefusalIsStoredAndReplayed(t *testing.T) {
 	})
 }
 
-// countingBeginner fails the test if Do or NewClient touches the database.
+// countingBeginner fails the test if Do touches the database.
 type countingBeginner struct{ t *testing.T }
 
 func (b countingBeginner) Begin(context.Context) (pgx.Tx, error) {
@@ -483,9 +483,16 @@ func TestInvalidInputBeforeDatabase(t *testing.T) {
 		{"table", idem.Config{Table: "keys; drop table x"}, idem.ErrInvalidTable},
 		{"ttl", idem.Config{TTL: -time.Second}, idem.ErrInvalidOption},
 	}
+	// A pool that could not connect (pgxpool connects lazily): NewClient
+	// checks its Config without touching the database.
+	nowhere, err := pgxpool.New(context.Background(), "postgres://idem@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nowhere.Close()
 	for _, c := range configs {
 		t.Run(c.name, func(t *testing.T) {
-			if _, err := idem.NewClient(countingBeginner{t}, &c.cfg); !errors.Is(err, c.want) {
+			if _, err := idem.NewClient(nowhere, &c.cfg); !errors.Is(err, c.want) {
 				t.Fatalf("NewClient: %v, want %v", err, c.want)
 			}
 		})

@@ -72,10 +72,11 @@ func TestFaultPartition(t *testing.T) {
 			default:
 				db = ownBeginner{l.pool()}
 			}
-			keys, err := idem.NewClient(db, cfg)
+			base, err := idem.NewClient(l.pool(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
+			keys := base.On(db)
 			retryKeys, err := idem.NewClient(l.directPool(), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -216,11 +217,11 @@ func TestIdleTimeoutIsLocal(t *testing.T) {
 	}
 	newClient := func(db idem.Beginner, cfg *idem.Config) idem.Beginner {
 		t.Helper()
-		c, err := idem.NewClient(db, cfg)
+		c, err := idem.NewClient(s.pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
+		return c.On(db)
 	}
 	n := 0
 	// check runs a call and every way a key can be answered afterwards, and

@@ -53,10 +53,11 @@ func TestIdleTimeoutError(t *testing.T) {
 				if path == "beginner" {
 					db = ownBeginner{s.pool}
 				}
-				keys, err := idem.NewClient(db, &idem.Config{IdleTimeout: idle})
+				base, err := idem.NewClient(s.pool, &idem.Config{IdleTimeout: idle})
 				if err != nil {
 					t.Fatal(err)
 				}
+				keys := base.On(db)
 				_, outcome, err := idem.Run(ctx, keys, "k-idle", "h", fn)
 				if outcome == idem.OutcomeUnknown {
 					// The server's FATAL did not arrive before the

@@ -299,10 +299,11 @@ func TestNewOperationRefusesBadArguments(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Release()
-	onConn, err := idem.NewClient(pc.Conn(), nil)
+	base, err := idem.NewClient(s.pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	onConn := base.On(pc.Conn())
 	fn := s.chargeSteps(nil)
 	compensate := func(*idem.Steps, chargeReq, error) (chargeResp, error) { return chargeResp{}, nil }
 	type cfg = idem.OperationConfig[chargeReq, chargeResp]

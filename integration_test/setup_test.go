@@ -288,14 +288,15 @@ func runReplayed[T any](ctx context.Context, db idem.Beginner, key, hash string,
 	return v, outcome == idem.OutcomeReplayed, err
 }
 
-// client is db, or a Client on db with s.cfg when the test set one.
+// client is db, or the Client of the test's pool with s.cfg, on db, when
+// the test set one.
 func (s *setup) client(db idem.Beginner) idem.Beginner {
 	if s.cfg == nil {
 		return db
 	}
-	c, err := idem.NewClient(db, s.cfg)
+	c, err := idem.NewClient(s.pool, s.cfg)
 	if err != nil {
 		s.t.Fatalf("NewClient: %v", err)
 	}
-	return c
+	return c.On(db)
 }

@@ -2,7 +2,6 @@ package openapicheck
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"go/ast"
 	"go/constant"
@@ -20,7 +19,7 @@ import (
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
@@ -29,16 +28,23 @@ import (
 // componentsName is the file name services use in their $refs.
 const componentsName = "idempotency.yaml"
 
-// noDatabase is a Beginner for a Client that never reaches a database.
-type noDatabase struct{}
-
-func (noDatabase) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("no database") }
+// noDatabase is a pool for a Client that never reaches a database:
+// pgxpool connects lazily, and this one could not.
+func noDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://idem@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
 
 // components is the document as a service publishes it, for a Client with
 // a key lifetime other than the default (OpenAPIComponents states it).
 func components(t *testing.T) []byte {
 	t.Helper()
-	keys, err := idem.NewClient(noDatabase{}, &idem.Config{TTL: 7 * 24 * time.Hour})
+	keys, err := idem.NewClient(noDatabase(t), &idem.Config{TTL: 7 * 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
