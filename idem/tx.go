@@ -105,6 +105,9 @@ type protocol interface {
 	completeError(err error) error
 	// firstTrip lists the claim's statements, to prepare by name.
 	firstTrip() []string
+	// claimsInTx says the claim must run inside the transaction, after
+	// BEGIN, on a pipeline too (citusProtocol).
+	claimsInTx() bool
 }
 
 type querier interface {
@@ -148,6 +151,8 @@ func attemptOn[T any, W work[T]](ctx context.Context, db Beginner, c *call, fn W
 // through nested, which does not need it).
 func chooseProtocol(c *call, stmts *statements, pipelined bool, iso pgx.TxIsoLevel) (protocol, error) {
 	switch {
+	case stmts.isCitus:
+		return citusProtocol{stmts}, nil
 	case stmts.isPartitioned && iso == pgx.RepeatableRead:
 		return nil, errRepeatableRead(c)
 	case stmts.isPartitioned:
