@@ -38,7 +38,7 @@ func TestStormWithTerminations(t *testing.T) {
 }
 
 type stormStats struct {
-	keys, calls                                              int
+	keys, calls                                             int
 	executed, replayed, inProgress, failed, unknown, killed atomic.Int64
 }
 
