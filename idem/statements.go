@@ -24,6 +24,8 @@ var (
 	forgetSQL string
 	//go:embed sql/layout.sql
 	layoutSQL string
+	//go:embed sql/sweep_citus.sql
+	sweepCitusSQL string
 
 	//go:embed sql/record_partitioned.sql
 	recordPartitionedSQL string
@@ -150,7 +152,7 @@ func statementsFor(table string) (*statements, error) {
 	s.distributed = &statements{
 		table:           table,
 		lookup:          s.lookup,
-		sweep:           s.sweep,
+		sweep:           t.Rewrite(sweepCitusSQL),
 		record:          s.record,
 		forget:          s.forget,
 		checkOperations: s.checkOperations,

@@ -47,14 +47,14 @@ type node struct {
 // cluster is one test's state: its own schema on the cluster, the business
 // tables and the key tables distributed in it, and a pool per node.
 type cluster struct {
-	t      *testing.T
+	t      testing.TB
 	schema string
 	nodes  []*node
 }
 
 var schemaSeq atomic.Int64
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	coord := os.Getenv(envURL)
 	if coord == "" {
