@@ -17,7 +17,7 @@ NESTED_EXCLUDES := $(foreach m,$(filter-out .,$(MODULES)),':(exclude)$(m)/')
 export PATH := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help test test-long test-tools check-modules-build test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres brokers
+.PHONY: help test test-long test-tools check-modules-build test-long-suites test-linearizability check-large-files check-modules generate-check-full settle-test demo bench bench-operations bench-http loadtest crashtest failover-test partition-experiment test-pgbouncer test-citus bench-citus fuzz mutate mutate-broad lint vet fmt-check tidy-check generate generate-check generate-example generate-check-example generate-grpc generate-check-grpc bench-retention postgres brokers
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -125,6 +125,16 @@ failover-test: ## Promote an asynchronous standby under load (own clusters on :5
 
 partition-experiment: ## How long PostgreSQL keeps a silent client's transaction under each setting (own cluster and netns; root).
 	./scripts/partition-experiment.sh
+
+test-citus: ## idem's contract on a running Citus cluster: IDEM_TEST_CITUS_URL names its coordinator (docs/SCALING.md); skipped, saying so, when it is not set.
+	@if [ -z "$$IDEM_TEST_CITUS_URL" ]; then \
+	  echo "test-citus: skipped: set IDEM_TEST_CITUS_URL to a Citus coordinator (docs/SCALING.md, Testing on your cluster)"; \
+	else $(GO) test -race -count=1 -timeout 20m -v ./integration_test/citus; fi
+
+bench-citus: ## Do against the bare transaction on a running Citus cluster, through the coordinator and through each kind of worker (IDEM_TEST_CITUS_URL).
+	@if [ -z "$$IDEM_TEST_CITUS_URL" ]; then \
+	  echo "bench-citus: skipped: set IDEM_TEST_CITUS_URL to a Citus coordinator (docs/SCALING.md, Testing on your cluster)"; \
+	else $(GO) test -run '^$$' -bench . -benchtime 3s -count 3 ./integration_test/citus; fi
 
 test-pgbouncer: postgres ## Run the integration suite through PgBouncer in transaction pooling mode.
 	./scripts/test-pgbouncer.sh

@@ -52,26 +52,48 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 		return claim{}, err
 	}
 	c.stmts, c.proto = stmts, proto
-	if err := prepareFirstTrip(ctx, conn, proto, c.setTx); err != nil {
+	// A protocol that claims inside the transaction opens it first, with
+	// WithTxOptions' modes in BEGIN itself.
+	inTx := proto.claimsInTx()
+	setTx := c.setTx
+	if inTx {
+		setTx = nil
+		if c.begin != "begin" {
+			setTx = []string{c.begin}
+		}
+	}
+	if err := prepareFirstTrip(ctx, conn, proto, setTx); err != nil {
 		return claim{}, fmt.Errorf("prepare: %w", err)
 	}
 	b := batch(&p.first, p.firstQ[:])
-	for _, sql := range c.setTx {
-		b.Queue(sql)
+	if inTx {
+		b.Queue(c.begin)
+	} else {
+		for _, sql := range setTx {
+			b.Queue(sql)
+		}
 	}
 	// Config.IdleTimeout is a local setting, so that it lives exactly as
 	// long as the call's transaction and costs no round trip of its own. A
 	// replay never keeps it: the assertion fails before it. The server arms
 	// the timer with it at this pipeline's ReadyForQuery.
-	proto.queueClaim(b, c, c.s.idle, false)
-	b.Queue("begin")
+	proto.queueClaim(b, c, c.s.idle, inTx)
+	if !inTx {
+		b.Queue("begin")
+	}
 	b.Queue("savepoint idem_work")
 
 	br := conn.SendBatch(ctx, b)
 	var setErr error
-	for range c.setTx {
-		if _, err := br.Exec(); err != nil && setErr == nil {
+	if inTx {
+		if _, err := br.Exec(); err != nil {
 			setErr = err
+		}
+	} else {
+		for range setTx {
+			if _, err := br.Exec(); err != nil && setErr == nil {
+				setErr = err
+			}
 		}
 	}
 	var cl claim
@@ -81,6 +103,8 @@ func (p *pipeline) claim(ctx context.Context, c *call) (claim, error) {
 	}
 	closeErr := br.Close()
 	switch {
+	case setErr != nil && inTx:
+		return claim{}, fmt.Errorf("begin: %w", setErr)
 	case setErr != nil:
 		return claim{}, fmt.Errorf("set transaction modes: %w", setErr)
 	case errors.Is(claimErr, errNotReadCommitted):

@@ -131,3 +131,5 @@ func (deferredProtocol) completeError(err error) error {
 func (p deferredProtocol) firstTrip() []string {
 	return []string{p.stmts.deferred.claim, p.stmts.deferred.assert}
 }
+
+func (deferredProtocol) claimsInTx() bool { return false }

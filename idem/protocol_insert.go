@@ -83,3 +83,5 @@ func (insertProtocol) completeError(err error) error {
 func (p insertProtocol) firstTrip() []string {
 	return []string{p.stmts.insert.claim, p.stmts.insert.assert, setIdleTimeoutSQL}
 }
+
+func (insertProtocol) claimsInTx() bool { return false }

@@ -96,3 +96,5 @@ func (p partitionedProtocol) firstTrip() []string {
 func errRepeatableRead(c *call) error {
 	return inputError(ErrInvalidOption, "REPEATABLE READ on the partitioned key table %s: its snapshot, taken before the key's lock, cannot see a first attempt that committed in between, and no unique index catches it across partitions; use READ COMMITTED or SERIALIZABLE", c.s.table)
 }
+
+func (partitionedProtocol) claimsInTx() bool { return false }

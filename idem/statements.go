@@ -24,6 +24,8 @@ var (
 	forgetSQL string
 	//go:embed sql/layout.sql
 	layoutSQL string
+	//go:embed sql/sweep_citus.sql
+	sweepCitusSQL string
 
 	//go:embed sql/record_partitioned.sql
 	recordPartitionedSQL string
@@ -93,18 +95,20 @@ type statements struct {
 	checkOperations               string
 
 	// The protocols' statements: insert and deferred on the plain set,
-	// part on the partitioned one (chooseProtocol).
+	// part on the partitioned one, citus on Citus's (chooseProtocol).
 	insert   insertSQL
 	deferred deferredSQL
 	part     partitionedSQL
+	citus    citusSQL
 	// op is the statements of operations (plain layout only).
 	op opSQL
 
-	// isPartitioned marks the set of the partitioned layout.
-	isPartitioned bool
-	// partitioned is the partitioned layout's set, on the plain set; nil on
-	// the partitioned set itself.
-	partitioned *statements
+	// isPartitioned marks the set of the partitioned layout, isCitus the
+	// set of a database with the Citus extension.
+	isPartitioned, isCitus bool
+	// partitioned and distributed are the partitioned layout's set and
+	// Citus's, on the plain set; nil on those sets themselves.
+	partitioned, distributed *statements
 }
 
 // statementCache maps a table name to its *statements. It only ever grows
@@ -139,6 +143,17 @@ func statementsFor(table string) (*statements, error) {
 		part:            newPartitionedSQL(t),
 		op:              s.op,
 		isPartitioned:   true,
+	}
+	s.distributed = &statements{
+		table:           table,
+		lookup:          s.lookup,
+		sweep:           t.Rewrite(sweepCitusSQL),
+		record:          s.record,
+		forget:          s.forget,
+		checkOperations: s.checkOperations,
+		citus:           newCitusSQL(t),
+		op:              s.op,
+		isCitus:         true,
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)
 	return actual.(*statements), nil
@@ -209,10 +224,10 @@ func resolveLayout(ctx context.Context, conn *pgx.Conn, s *statements) (*stateme
 // when the table does not exist.
 func detectLayout(ctx context.Context, q querier, s *statements) (r *statements, iso pgx.TxIsoLevel, known bool, err error) {
 	var (
-		partitioned bool
-		level       string
+		partitioned, citus bool
+		level              string
 	)
-	err = q.QueryRow(ctx, layoutSQL, s.table).Scan(&partitioned, &level)
+	err = q.QueryRow(ctx, layoutSQL, s.table).Scan(&partitioned, &level, &citus)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return s, "", false, nil
@@ -220,6 +235,12 @@ func detectLayout(ctx context.Context, q querier, s *statements) (r *statements,
 		return nil, "", false, err
 	}
 	iso = isoLevel(level)
+	if citus && partitioned {
+		return nil, "", false, fmt.Errorf("%w: the partitioned layout of %s is not supported on Citus: a live key is unique there only by its lock and a second look, and Citus refuses the statements that keep it (docs/SCALING.md); distribute the plain layout (schema.ApplyDistributed)", ErrInvalidTable, s.table)
+	}
+	if citus {
+		return s.distributed, iso, true, nil
+	}
 	if partitioned {
 		return s.partitioned, iso, true, nil
 	}

@@ -59,7 +59,7 @@ func sweep(ctx context.Context, db execer, s *settings) (int64, error) {
 	if stmts.isPartitioned {
 		return sweepPartitioned(ctx, db, m, s)
 	}
-	return sweepRows(ctx, db, s.stmts.sweep, s)
+	return sweepRows(ctx, db, stmts.sweep, s)
 }
 
 // sweepRows runs a batched DELETE (sweep.sql, possibly retargeted at a

@@ -39,6 +39,9 @@ import (
 //	                 SERIALIZABLE; nested; plain table       complete.sql
 //	partitionedProto partitioned table (schema.              claim_partitioned.sql, assert_claimed_partitioned.sql,
 //	                 ApplyPartitioned), any transport        complete_partitioned.sql
+//	citusProtocol    a database with the Citus extension     claim_citus.sql, insert_citus.sql,
+//	                 (schema.ApplyDistributed), any          complete_citus.sql
+//	                 transport and level
 //
 // insertProtocol is the card's shape: the claim inserts the key's row
 // 'in_progress', and the completion updates it to its outcome before
@@ -54,6 +57,10 @@ import (
 // the row and fn's writes commit in one transaction or not at all, and a
 // replay reads only committed rows. docs/PERFORMANCE.md has the figures
 // that keep deferredProtocol (one write of the key's row instead of two).
+//
+// citusProtocol is insertProtocol's shape with every statement routed to
+// the key's shard and sent after BEGIN (protocol_citus.go; docs/SCALING.md
+// says why the others cannot run on Citus).
 //
 // Besides the claim, the completion and COMMIT, an attempt sends: on a
 // pipeline, the SET statements of WithTxOptions ahead of the claim (setTxSQL),
@@ -105,6 +112,9 @@ type protocol interface {
 	completeError(err error) error
 	// firstTrip lists the claim's statements, to prepare by name.
 	firstTrip() []string
+	// claimsInTx says the claim must run inside the transaction, after
+	// BEGIN, on a pipeline too (citusProtocol).
+	claimsInTx() bool
 }
 
 type querier interface {
@@ -148,6 +158,8 @@ func attemptOn[T any, W work[T]](ctx context.Context, db Beginner, c *call, fn W
 // through nested, which does not need it).
 func chooseProtocol(c *call, stmts *statements, pipelined bool, iso pgx.TxIsoLevel) (protocol, error) {
 	switch {
+	case stmts.isCitus:
+		return citusProtocol{stmts}, nil
 	case stmts.isPartitioned && iso == pgx.RepeatableRead:
 		return nil, errRepeatableRead(c)
 	case stmts.isPartitioned:

@@ -8,6 +8,10 @@
 // The files schema/partitioned/[0-9]*.sql are the opt-in partitioned layout
 // of the same table, which sheds expired keys by dropping whole partitions
 // instead of deleting rows; ApplyPartitioned runs them from Go.
+//
+// The files schema/distributed/[0-9]*.sql, applied after the plain ones,
+// distribute the tables over a Citus cluster, colocated with a business
+// table; ApplyDistributed runs them all from Go.
 package schema
 
 import (
@@ -26,7 +30,7 @@ import (
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
-//go:embed [0-9]*.sql partitioned/[0-9]*.sql
+//go:embed [0-9]*.sql partitioned/[0-9]*.sql distributed/[0-9]*.sql
 var files embed.FS
 
 // DefaultPartitionInterval is the partition interval documented for
@@ -104,6 +108,50 @@ func ApplyPartitioned(ctx context.Context, db Execer, table string, interval tim
 	// same file unchanged.
 	set := fmt.Sprintf("SELECT set_config('idem.partition_interval', '%d seconds', true);\n", interval/time.Second)
 	return apply(ctx, db, t, table, scripts, set)
+}
+
+// ApplyDistributed applies the plain layout (as ApplyTable) and distributes
+// its tables over a Citus cluster (schema/distributed): the key table and
+// the tables of unfinished operations, by scope, colocated with
+// colocateWith, a table already hash-distributed by the column that holds
+// the tenant (of type text). A call whose scope is that tenant
+// (idem.ContextWithScope) and whose fn writes only that tenant's rows is
+// then a single-shard transaction on the node that holds the tenant's
+// shards; docs/SCALING.md says what holds on Citus. colocateWith "" leaves
+// the tables colocated with nothing. table is as for ApplyTable ("" means
+// idempotency_keys).
+//
+// Run it on the coordinator. Applying it again is safe: a table already
+// distributed is left as it is, and Client.Check reports one that is not
+// colocated with colocateWith.
+func ApplyDistributed(ctx context.Context, db Execer, table, colocateWith string) error {
+	if table == "" {
+		table = sqltext.DefaultTable
+	}
+	t, err := sqltext.ParseTable(table)
+	if err != nil {
+		return fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
+	}
+	if colocateWith != "" {
+		if _, err := sqltext.ParseTable(colocateWith); err != nil {
+			return fmt.Errorf("%w: colocate with: %w", idem.ErrInvalidTable, err)
+		}
+	}
+	scripts, err := Files()
+	if err != nil {
+		return err
+	}
+	dist, err := glob("distributed/[0-9]*.sql")
+	if err != nil {
+		return err
+	}
+	// The table to colocate with travels in a transaction-local setting
+	// that the file reads, so that psql applies the same file unchanged.
+	set := fmt.Sprintf("SELECT set_config('idem.colocate_with', '%s', true);\n", colocateWith)
+	if err := apply(ctx, db, t, table, scripts, ""); err != nil {
+		return err
+	}
+	return apply(ctx, db, t, table, dist, set)
 }
 
 func apply(ctx context.Context, db Execer, t sqltext.Table, table string, scripts []File, prelude string) error {
@@ -189,7 +237,8 @@ func glob(pattern string) ([]File, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, File{Name: strings.TrimPrefix(n, "partitioned/"), SQL: string(b)})
+		n = strings.TrimPrefix(strings.TrimPrefix(n, "partitioned/"), "distributed/")
+		out = append(out, File{Name: n, SQL: string(b)})
 	}
 	return out, nil
 }
