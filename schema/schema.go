@@ -130,11 +130,11 @@ func ApplyDistributed(ctx context.Context, db Execer, table, colocateWith string
 	}
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", idem.ErrInvalidTable, err)
+		return fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
 	}
 	if colocateWith != "" {
 		if _, err := sqltext.ParseTable(colocateWith); err != nil {
-			return fmt.Errorf("%w: colocate with: %w", idem.ErrInvalidTable, err)
+			return fmt.Errorf("%w: colocate with: %w", sentinel.InvalidTable, err)
 		}
 	}
 	scripts, err := Files()
