@@ -157,46 +157,16 @@ func run[T any, W work[T]](ctx context.Context, db Beginner, key, reqHash string
 
 func runSettled[T any, W work[T]](ctx context.Context, db Beginner, s *settings, key, reqHash string, fn W) (T, Outcome, error) {
 	var (
-		zero  T
-		start time.Time
-		end   struct {
-			CallEnd
-			reported bool
-		}
+		zero   T
+		waited bool
 	)
-	obs := s.observer
 	scope, scopeErr := callScope(ctx, s)
-	if obs != nil {
-		start = time.Now()
-		ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope})
-		// A panic (re-raised after the rollback) or runtime.Goexit in fn
-		// skips the end below; the observer still hears of it, as a failure,
-		// so that no span or in-flight count is left open.
-		defer func() {
-			if !end.reported {
-				end.reported = true
-				obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
-					Waited: end.Waited, Duration: time.Since(start), Err: errAbandoned})
-			}
-		}()
-	}
-	var (
-		v       T
-		outcome = OutcomeInvalid
-		err     = scopeErr
-	)
-	if err == nil {
-		v, outcome, err = settle[T](ctx, db, s, scope, key, reqHash, fn, &end.Waited)
-	}
-	if obs != nil {
-		end.Table, end.Scope, end.Outcome, end.Err = s.table, scope, outcome, err
-		end.Duration = time.Since(start)
-		// Only a refusal that was stored (now or before) counts: a Refusal
-		// without a Code, say, fails the call and stores nothing.
-		end.Refused = (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err)
-		end.reported = true
-		obs.CallEnd(ctx, end.CallEnd)
-	}
+	v, outcome, err := observe(ctx, s, scope, false, &waited, func(ctx context.Context) (T, Outcome, error) {
+		if scopeErr != nil {
+			return zero, OutcomeInvalid, scopeErr
+		}
+		return settle[T](ctx, db, s, scope, key, reqHash, fn, &waited)
+	})
 	if err != nil && outcome != OutcomeRefused && outcome != OutcomeReplayed {
 		return zero, outcome, err
 	}

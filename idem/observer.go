@@ -106,3 +106,36 @@ type CallEnd struct {
 	// Resume is true for Operation.Resume, as in CallStart.
 	Resume bool
 }
+
+// observe runs call, one call of Do, Run, Wrap or an Operation (Resume's
+// when resume is set), and tells the Observer of s, if any, that it started
+// and how it ended. A panic or runtime.Goexit in call skips call's return;
+// the observer still hears of it, as a failure (errAbandoned), so that no
+// span or in-flight count is left open, and the panic goes on. waited, if
+// not nil, is where call records that WithWait made it wait.
+func observe[T any](ctx context.Context, s *settings, scope string, resume bool, waited *bool, call func(context.Context) (T, Outcome, error)) (T, Outcome, error) {
+	obs := s.observer
+	if obs == nil {
+		return call(ctx)
+	}
+	start := time.Now()
+	ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope, Resume: resume})
+	end := CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed, Err: errAbandoned, Resume: resume}
+	reported := false
+	defer func() {
+		if !reported {
+			end.Waited = waited != nil && *waited
+			end.Duration = time.Since(start)
+			obs.CallEnd(ctx, end)
+		}
+	}()
+	v, outcome, err := call(ctx)
+	reported = true
+	end.Outcome, end.Err, end.Duration = outcome, err, time.Since(start)
+	end.Waited = waited != nil && *waited
+	// Only a refusal that was stored (now or before) counts: a Refusal
+	// without a Code, say, fails the call and stores nothing.
+	end.Refused = (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err)
+	obs.CallEnd(ctx, end)
+	return v, outcome, err
+}

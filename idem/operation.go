@@ -239,7 +239,7 @@ func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Re
 	var zero Resp
 	s := o.client.base
 	scope, err := callScope(ctx, &s)
-	v, outcome, err := o.observed(ctx, &s, scope, false, func(ctx context.Context) (Resp, Outcome, error) {
+	v, outcome, err := observe(ctx, &s, scope, false, nil, func(ctx context.Context) (Resp, Outcome, error) {
 		if err != nil {
 			return zero, OutcomeInvalid, err
 		}
@@ -275,7 +275,7 @@ func (o *Operation[Req, Resp]) Run(ctx context.Context, key string, req Req) (Re
 // Client's Observer hears of it as of a call of Run.
 func (o *Operation[Req, Resp]) Resume(ctx context.Context, scope, key string) (Outcome, error) {
 	s := o.client.base
-	_, outcome, err := o.observed(ctx, &s, scope, true, func(ctx context.Context) (Resp, Outcome, error) {
+	_, outcome, err := observe(ctx, &s, scope, true, nil, func(ctx context.Context) (Resp, Outcome, error) {
 		var zero Resp
 		if err := ValidateScope(scope); err != nil {
 			return zero, OutcomeInvalid, err
@@ -291,31 +291,6 @@ func (o *Operation[Req, Resp]) Resume(ctx context.Context, scope, key string) (O
 		return outcome, nil // a stored refusal is the operation's answer too
 	}
 	return outcome, err
-}
-
-// observed runs one call of the operation (Run's, or Resume's when resume
-// is set) and tells the Observer of s, if any, that it started and how it
-// ended.
-func (o *Operation[Req, Resp]) observed(ctx context.Context, s *settings, scope string, resume bool, call func(context.Context) (Resp, Outcome, error)) (Resp, Outcome, error) {
-	obs := s.observer
-	if obs == nil {
-		return call(ctx)
-	}
-	start := time.Now()
-	ctx = obs.CallStart(ctx, CallStart{Table: s.table, Scope: scope, Resume: resume})
-	reported := false
-	defer func() {
-		if !reported { // a step panicked: the panic goes on.
-			obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: OutcomeFailed,
-				Duration: time.Since(start), Err: errAbandoned, Resume: resume})
-		}
-	}()
-	v, outcome, err := call(ctx)
-	reported = true
-	obs.CallEnd(ctx, CallEnd{Table: s.table, Scope: scope, Outcome: outcome,
-		Refused:  (outcome == OutcomeRefused || outcome == OutcomeReplayed) && isRefusal(err),
-		Duration: time.Since(start), Err: err, Resume: resume})
-	return v, outcome, err
 }
 
 // resumeHash stands for the request hash of a call of Resume until its
