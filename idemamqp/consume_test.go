@@ -150,3 +150,18 @@ func TestStormLong(t *testing.T) {
 }
 
 func newStormBroker(t testing.TB) consumertest.Broker { return newBroker(t) }
+
+// TestStormProcesses is TestStorm with each consumer instance a process of
+// its own, killed with SIGKILL mid-handler and between COMMIT and the ack:
+// the broker sees the connection drop and requeues what it held.
+func TestStormProcesses(t *testing.T) {
+	consumertest.Storm{}.CompareProcesses(t, "RabbitMQ", testdb.URL(t), func(t testing.TB) consumertest.Remote { return newBroker(t) })
+}
+
+// Endpoint is the queue, for an instance in another process
+// (openEndpoint), which reaches the same RabbitMQ (brokerURL).
+func (b *broker) Endpoint() string { return b.queue }
+
+// openEndpoint is the queue that Endpoint names, to consume from in a
+// consumer instance of a process storm.
+func openEndpoint(queue string) consumertest.ConsumeFunc { return (&broker{queue: queue}).Consume }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +25,11 @@ type broker struct {
 	addrs    []string
 	topic    string
 	producer *kgo.Client
+	// session is the group session timeout of its consumers, and their
+	// rebalance timeout is 5 times as long; 0: franz-go's defaults (45s,
+	// 60s). A member that dies without leaving (SIGKILL) holds its
+	// partitions until its session expires.
+	session time.Duration
 
 	mu   sync.Mutex
 	dead []string
@@ -31,7 +37,10 @@ type broker struct {
 
 func newBroker(t testing.TB, topic string) *broker {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topic, topic+".dlq"))
+	// kfake refuses sessions shorter than 6s unless told otherwise; a
+	// process storm's consumers ask for processSession.
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topic, topic+".dlq"),
+		kfake.GroupMinSessionTimeout(processSession))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,11 +83,18 @@ func (b *broker) Publish(ctx context.Context, id string, payload []byte) error {
 }
 
 func (b *broker) Consume(ctx context.Context, p idemconsume.Processor) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...),
-		kgo.ConsumerGroup(b.topic+"-group"), kgo.ConsumeTopics(b.topic),
+	opts := []kgo.Opt{kgo.SeedBrokers(b.addrs...),
+		kgo.ConsumerGroup(b.topic + "-group"), kgo.ConsumeTopics(b.topic),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50*time.Millisecond), kgo.HeartbeatInterval(100*time.Millisecond))
+		kgo.FetchMaxWait(50 * time.Millisecond), kgo.HeartbeatInterval(100 * time.Millisecond)}
+	if b.session > 0 {
+		// A rebalance waits for every member to rejoin, or leave, or for
+		// the rebalance timeout: a member that stops while a rebalance
+		// is under way leaves only once it has ended.
+		opts = append(opts, kgo.SessionTimeout(b.session), kgo.RebalanceTimeout(5*b.session))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return err
 	}
@@ -112,6 +128,36 @@ func TestStormLong(t *testing.T) {
 // newStormBroker is a cluster of its own for each storm.
 func newStormBroker(t testing.TB) consumertest.Broker {
 	return newBroker(t, fmt.Sprintf("events-%d", rand.Int64()))
+}
+
+// TestStormProcesses is TestStorm with each consumer instance a process of
+// its own, killed with SIGKILL mid-handler and between COMMIT and the
+// offset commit: a dead member leaves the group only when its session
+// expires, and its replacement's join rebalances the group again. Each
+// kill holds the dead member's partitions for the session timeout, which
+// makes this storm take about half a minute: make test-long runs it.
+func TestStormProcesses(t *testing.T) {
+	if os.Getenv("IDEM_TEST_LONG") == "" {
+		t.Skip("IDEM_TEST_LONG=1 runs it")
+	}
+	consumertest.Storm{}.CompareProcesses(t, "kafka (kfake)", testdb.URL(t), func(t testing.TB) consumertest.Remote {
+		return newBroker(t, fmt.Sprintf("events-%d", rand.Int64()))
+	})
+}
+
+// processSession is the session timeout of a process storm's consumers:
+// short, since each SIGKILL holds the dead member's partitions that long.
+const processSession = time.Second
+
+// Endpoint is the cluster's address and the topic, for an instance in
+// another process (openEndpoint).
+func (b *broker) Endpoint() string { return strings.Join(b.addrs, ",") + " " + b.topic }
+
+// openEndpoint is the broker that Endpoint names, to consume from in a
+// consumer instance of a process storm.
+func openEndpoint(endpoint string) consumertest.ConsumeFunc {
+	addrs, topic, _ := strings.Cut(endpoint, " ")
+	return (&broker{addrs: strings.Split(addrs, ","), topic: topic, session: processSession}).Consume
 }
 
 // TestConsumeChecksTheClient: a client that would commit offsets on its

@@ -4,8 +4,13 @@ import (
 	"os"
 	"testing"
 
+	"github.com/idemhq/idem/internal/consumertest"
 	"github.com/idemhq/idem/internal/testdb"
 )
 
-// testdb.Main runs goleak after the tests.
-func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
+// A process storm's consumer instance is this binary, started again
+// (consumertest.Child); testdb.Main runs goleak after the tests.
+func TestMain(m *testing.M) {
+	consumertest.Child(openEndpoint)
+	os.Exit(testdb.Main(m))
+}

@@ -140,6 +140,23 @@ func TestStormLong(t *testing.T) {
 
 func newStormBroker(t testing.TB) consumertest.Broker { return newBroker(t) }
 
+// TestStormProcesses is TestStorm with each consumer instance a process of
+// its own, connected to the embedded server over TCP and killed with
+// SIGKILL mid-handler and between COMMIT and the ack: the server sees the
+// connection drop, and the dead instance's messages come back when the
+// ack wait expires.
+func TestStormProcesses(t *testing.T) {
+	consumertest.Storm{}.CompareProcesses(t, "NATS JetStream", testdb.URL(t), func(t testing.TB) consumertest.Remote { return newBroker(t) })
+}
+
+// Endpoint is the server's URL, for an instance in another process
+// (openEndpoint).
+func (b *broker) Endpoint() string { return b.url }
+
+// openEndpoint is the server that Endpoint names, to consume from in a
+// consumer instance of a process storm.
+func openEndpoint(url string) consumertest.ConsumeFunc { return (&broker{url: url}).Consume }
+
 // TestNatsMsgIDIsTheKey: a message published with Nats-Msg-Id is keyed by
 // it, so a second publish after JetStream's duplicate window is dropped
 // by idem, and a handler slower than the ack wait runs once. The heartbeat

@@ -5,6 +5,11 @@
 // from a table with no unique constraint. The same storm runs with a bare
 // at-least-once consumer (the same handler in a plain transaction, acked
 // after COMMIT) for comparison.
+//
+// The instances run in the test process, killed by cancelling their
+// context (Storm.Run), or each in a process of its own, the test binary
+// started again, killed with SIGKILL (Storm.RunProcesses, with Child in
+// the binary's TestMain).
 package consumertest
 
 import (

@@ -112,10 +112,34 @@ func Poisoned(msg string) bool { return strings.HasPrefix(msg, "poison-") }
 
 // Run runs the storm on b with p (an idem consumer, or a Bare one, whose
 // handler is Handler(Poisoned)), reconciles it from pool's effects table,
-// which it empties first, and returns the row, named mode.
+// which it empties first, and returns the row, named mode. Its instances
+// run in the test process; a kill ends one by its context.
 func (s Storm) Run(t testing.TB, mode string, b Broker, pool *pgxpool.Pool, p idemconsume.Processor) Row {
 	t.Helper()
 	s.defaults()
+	k := &killer{p: p, t: t}
+	k.inHandler.Store(int64(s.KillsInHandler))
+	k.afterCommit.Store(int64(s.KillsAfterCommit))
+	return s.run(t, mode, b, pool, &inProcess{t: t, b: b, k: k, instances: s.Instances})
+}
+
+// A fleet runs a storm's consumer instances: it keeps Storm.Instances of
+// them running, kills some and replaces each killed one.
+type fleet interface {
+	// run runs the instances until ctx ends and returns once every one
+	// has stopped.
+	run(ctx context.Context)
+	// settled reports whether the instances settled (acked or
+	// dead-lettered) every one of published publishes, as far as the
+	// fleet can tell.
+	settled(published int) bool
+	// count fills row's Kills and Joins.
+	count(row *Row)
+}
+
+// run is the storm with its instances run by f.
+func (s *Storm) run(t testing.TB, mode string, b Broker, pool *pgxpool.Pool, f fleet) Row {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), s.Deadline)
 	defer cancel()
 	if _, err := pool.Exec(ctx, EffectsSQL+"; TRUNCATE effects"); err != nil {
@@ -129,33 +153,14 @@ func (s Storm) Run(t testing.TB, mode string, b Broker, pool *pgxpool.Pool, p id
 			msgs[i] = "poison-" + msgs[i]
 		}
 	}
-	row := Row{Mode: mode}
-	k := &killer{p: p, t: t}
-	k.inHandler.Store(int64(s.KillsInHandler))
+	row := Row{Mode: mode, Published: s.Messages + s.Duplicates}
 	var terminated atomic.Int64
-	k.afterCommit.Store(int64(s.KillsAfterCommit))
-	k.toGo.Store(int64(s.Messages + s.Duplicates))
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	var joins atomic.Int64
-	// Each slot keeps one instance running: a killed one is replaced (a
-	// consumer leaves and another joins, which rebalances a Kafka group).
-	for slot := range s.Instances {
-		wg.Go(func() {
-			for runCtx.Err() == nil {
-				inst, kill := context.WithCancel(runCtx)
-				joins.Add(1)
-				if err := b.Consume(inst, k.wrap(kill)); err != nil && inst.Err() == nil {
-					t.Errorf("instance of slot %d: %v", slot, err)
-				}
-				kill()
-				sleep(runCtx, time.Duration(20+rand.IntN(60))*time.Millisecond)
-			}
-		})
-	}
+	wg.Go(func() { f.run(runCtx) })
 	// The database: backends terminated in the middle of a handler's
 	// transaction, a technical failure (or, during COMMIT, an unknown
 	// outcome) that the next delivery must repair.
@@ -184,7 +189,6 @@ func (s Storm) Run(t testing.TB, mode string, b Broker, pool *pgxpool.Pool, p id
 			pub(i - s.Messages/2)
 		}
 	}
-	row.Published = s.Messages + s.Duplicates
 
 	// The storm is over when every publish was settled (acked or
 	// dead-lettered) once and every message has its effect or is dead.
@@ -194,11 +198,11 @@ func (s Storm) Run(t testing.TB, mode string, b Broker, pool *pgxpool.Pool, p id
 			t.Fatal(err)
 		}
 		effects := s.reconcile(t, ctx, pool, msgs, dead, &row)
-		if k.toGo.Load() <= 0 && effects {
+		if f.settled(row.Published) && effects {
 			break
 		}
 		if ctx.Err() != nil {
-			t.Errorf("%s storm: not settled within %v: %d publishes unsettled; %+v", mode, s.Deadline, k.toGo.Load(), row)
+			t.Errorf("%s storm: not settled within %v; %+v", mode, s.Deadline, row)
 			break
 		}
 		sleep(ctx, 50*time.Millisecond)
@@ -213,11 +217,47 @@ func (s Storm) Run(t testing.TB, mode string, b Broker, pool *pgxpool.Pool, p id
 		t.Fatal(err)
 	}
 	s.reconcile(t, context.Background(), pool, msgs, dead, &row)
-	row.Kills = int(k.kills.Load())
+	f.count(&row)
 	row.Terminated = int(terminated.Load())
-	row.Joins = int(joins.Load())
 	row.Elapsed = time.Since(start)
 	return row
+}
+
+// inProcess is the fleet of Run: instances in the test process, killed by
+// cancelling their context.
+type inProcess struct {
+	t         testing.TB
+	b         Broker
+	k         *killer
+	instances int
+	joins     atomic.Int64
+}
+
+func (f *inProcess) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	// Each slot keeps one instance running: a killed one is replaced (a
+	// consumer leaves and another joins, which rebalances a Kafka group).
+	for slot := range f.instances {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				inst, kill := context.WithCancel(ctx)
+				f.joins.Add(1)
+				if err := f.b.Consume(inst, f.k.wrap(kill)); err != nil && inst.Err() == nil {
+					f.t.Errorf("instance of slot %d: %v", slot, err)
+				}
+				kill()
+				sleep(ctx, time.Duration(20+rand.IntN(60))*time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (f *inProcess) settled(published int) bool { return f.k.settled.Load() >= int64(published) }
+
+func (f *inProcess) count(row *Row) {
+	row.Kills = int(f.k.kills.Load())
+	row.Joins = int(f.joins.Load())
 }
 
 // reconcile fills row from the effects table and the dead letters, and
@@ -276,7 +316,7 @@ type killer struct {
 	p                      idemconsume.Processor
 	t                      testing.TB
 	inHandler, afterCommit atomic.Int64
-	toGo                   atomic.Int64 // publishes not yet settled for good
+	settled                atomic.Int64 // publishes settled (acked or dead-lettered)
 	kills                  atomic.Int64 // instances killed
 }
 
@@ -302,7 +342,7 @@ func (k *killer) wrap(cancel context.CancelFunc) idemconsume.Processor {
 			k.t.Logf("%s dead-lettered on delivery %d: %v", m.Payload, m.Deliveries, res.Err)
 		}
 		if err == nil && (res.Action == idemconsume.Ack || res.Action == idemconsume.DeadLetter) {
-			k.toGo.Add(-1)
+			k.settled.Add(1)
 		}
 		return res, err
 	})
@@ -340,15 +380,24 @@ func Long() Storm {
 // too, and some brokers count each return as a delivery.
 func Processors(t testing.TB, pool *pgxpool.Pool) (*idemconsume.Consumer, *Bare) {
 	t.Helper()
-	h := Handler(Poisoned)
+	c, bare, err := processors(pool, Handler(Poisoned))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, bare
+}
+
+// processors is Processors with the handler h, for the instances of a
+// process storm, which have no testing.TB.
+func processors(pool *pgxpool.Pool, h idemconsume.Handler) (*idemconsume.Consumer, *Bare, error) {
 	c, err := idemconsume.New(pool, &idemconsume.Config{
 		Name: Name, MaxDeliveries: 10, InProgressDelay: 50 * time.Millisecond,
 		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
 	}, h)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	return c, &Bare{DB: pool, Handler: h, Max: 10, Backoff: 10 * time.Millisecond}
+	return c, &Bare{DB: pool, Handler: h, Max: 10, Backoff: 10 * time.Millisecond}, nil
 }
 
 // Compare runs the storm with the idem consumer and then with the bare one,
