@@ -46,7 +46,7 @@ TEST_PARALLEL ?= 8
 TEST_JOBS ?= 3
 
 test: postgres brokers fmt-check vet tidy-check generate-check check-large-files check-modules ## Every module's tests against a real PostgreSQL, with -race, fuzz seeds included (the long suites are make test-long); target: under 3 minutes.
-	@$(GO) run ./internal/testdb/which
+	@$(GO) run ./testkit/testdb/which
 	@./scripts/test-modules.sh -j $(TEST_JOBS) -p $(TEST_PARALLEL) $(foreach s,$(TEST_SPECS),'$(s)')
 
 test-long: postgres generate-check-full check-modules-build test-tools test-long-suites test-linearizability fuzz ## The long suites that make test leaves out: the tools module's tests, IDEM_TEST_LONG=1 tests, the long linearizability run, fuzzing (FUZZTIME each), a full regeneration, every module built and linked; about 25 minutes.

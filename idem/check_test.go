@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // TestCheck runs Client.Check against each way a deployment can be wrong,

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/holdkeys"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/holdkeys"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 func TestStats(t *testing.T) {

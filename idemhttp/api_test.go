@@ -21,7 +21,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // newConfigured is the test app under NewMiddleware with cfg; extra routes

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/faultproxy"
+	"github.com/idemhq/idem/testkit/faultproxy"
 )
 
 // COMMIT's own reply decides what the client is told, on both paths. With

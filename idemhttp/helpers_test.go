@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/faultproxy"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/faultproxy"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // app is the service under the middleware in these tests: POST /charges

@@ -13,8 +13,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/faultproxy"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/faultproxy"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // logKey is the key of every request in the logging tests: distinctive, so

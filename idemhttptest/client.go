@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/kit"
+	"github.com/idemhq/idem/testkit/kit"
 )
 
 // run is one Run of a Suite.

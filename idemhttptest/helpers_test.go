@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/idemhttptest"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // defect is a mistake the kit must catch in a service.

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemhq/idem/internal/kit"
+	"github.com/idemhq/idem/testkit/kit"
 )
 
 // done runs Check after the scenario st.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemtest"
-	"github.com/idemhq/idem/internal/kit"
+	"github.com/idemhq/idem/testkit/kit"
 )
 
 // DefaultRetries is how many retries follow a first request when

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // observers are the variants the benchmarks compare: no observer; idemotel

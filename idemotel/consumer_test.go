@@ -15,7 +15,7 @@ import (
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemconsume"
 	"github.com/idemhq/idem/idemotel"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 type ackAll struct{}

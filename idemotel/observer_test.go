@@ -23,8 +23,8 @@ import (
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/idemotel"
-	"github.com/idemhq/idem/internal/faultproxy"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/faultproxy"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // request is what each call asks of the work: Act is ok, refuse, fail or

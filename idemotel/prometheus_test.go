@@ -21,8 +21,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
-	"github.com/idemhq/idem/internal/holdkeys"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/holdkeys"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // scrape serves the metrics of a MeterProvider on a Prometheus exporter

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
-	"github.com/idemhq/idem/internal/holdkeys"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/holdkeys"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // stats is what RegisterStats reported at one collection.

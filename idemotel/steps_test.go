@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemotel"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // stepWorld is an operation of three steps, reserve (database), charge

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/kit"
+	"github.com/idemhq/idem/testkit/kit"
 )
 
 // run is one Run of a Suite.

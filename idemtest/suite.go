@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/kit"
+	"github.com/idemhq/idem/testkit/kit"
 )
 
 // DefaultRetries is how many retries follow a first call when

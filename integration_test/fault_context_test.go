@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/faultproxy"
+	"github.com/idemhq/idem/testkit/faultproxy"
 )
 
 // cancelOn returns a rule that cancels a context when match selects a

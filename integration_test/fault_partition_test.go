@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/faultproxy"
+	"github.com/idemhq/idem/testkit/faultproxy"
 )
 
 // ownBeginner is a Beginner that is neither a pool, a connection nor a

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/lincheck"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/lincheck"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // The linearizability check's run lengths. The short run is part of every
@@ -74,7 +74,7 @@ func linSettingsFromEnv(t *testing.T) linSettings {
 // short deadlines, every isolation level, WithWait, through a pool too small
 // for them) while backends of the test database are terminated every 20 to
 // 150 ms. Every call's history is checked as a write-once register per key
-// (internal/lincheck, with porcupine), and the database is reconciled with
+// (testkit/lincheck, with porcupine), and the database is reconciled with
 // it: a call told "failed" must have committed nothing, since its caller may
 // retry with a new key.
 //

@@ -19,8 +19,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemconsume"
-	"github.com/idemhq/idem/internal/lincheck"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/lincheck"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // The consumer workload's shape.

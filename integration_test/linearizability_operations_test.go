@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/lincheck"
+	"github.com/idemhq/idem/testkit/lincheck"
 )
 
 // The operation clients of the linearizability check, which run beside the

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/lincheck"
+	"github.com/idemhq/idem/testkit/lincheck"
 )
 
 // The workload's shape.

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/faultproxy"
+	"github.com/idemhq/idem/testkit/faultproxy"
 )
 
 // Contracts of idem.Operation that the rest of the suite did not hold:

@@ -24,8 +24,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/faultproxy"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/faultproxy"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // The fault and pause tests of operations need an owner that can be killed

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/faultproxy"
+	"github.com/idemhq/idem/testkit/faultproxy"
 )
 
 // tripCounter counts the round trips a client starts, as the fault proxy

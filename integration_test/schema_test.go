@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/internal/sqltext"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // The embedded schema applies again without harm, on a live table.

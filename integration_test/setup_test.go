@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // bank is the small business schema the contract tests charge against.

@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/deposits"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // TestDeposits starts the command's server with -nats on a JetStream

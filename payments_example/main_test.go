@@ -19,12 +19,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 	"github.com/idemhq/idem/payments_example/processor"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // childEnv, set to 1, makes the test binary run the command itself

@@ -27,11 +27,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 	"github.com/idemhq/idem/payments_example/processor"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // settleBound is the bound: every payment shows settled within

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Generated mutations (Gremlins: flipped conditions, boundaries, arithmetic)
-# of the idem package's pure logic, each tested with the package's own tests,
-# in a scratch copy of the repository. The files whose behaviour only the
+# of the idem package's pure logic and of the canonical-JSON parser
+# (internal/canonjson), each tested with its package's own tests, in a
+# scratch copy of the repository. The files whose behaviour only the
 # integration tests hold (the protocol, the SQL paths) are left to the
 # targeted list of `make mutate`, which runs those tests.
 #
-#   scripts/mutate-broad.sh            # key.go, hash.go, refusal.go, errors.go, canonical.go
+#   scripts/mutate-broad.sh            # idem's key.go, hash.go, refusal.go, errors.go; internal/canonjson
 #   GREMLINS_FILES='key|hash' scripts/mutate-broad.sh
 set -euo pipefail
 version=v0.6.0
-files=${GREMLINS_FILES:-key|hash|refusal|errors|canonical}
+files=${GREMLINS_FILES:-key|hash|refusal|errors}
 root=$(git rev-parse --show-toplevel)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -24,3 +25,6 @@ exclude=$(cd idem && ls *.go | grep -v _test.go | sed 's/\.go$//' | grep -Ev "^(
 echo "gremlins $version on idem/{${files}}.go (scratch copy $scratch)"
 go run "github.com/go-gremlins/gremlins/cmd/gremlins@${version}" unleash ./idem \
   --workers 1 --timeout-coefficient 15 -E "(^|/)(${exclude})\.go$"
+echo "gremlins $version on internal/canonjson"
+go run "github.com/go-gremlins/gremlins/cmd/gremlins@${version}" unleash ./internal/canonjson \
+  --workers 1 --timeout-coefficient 15

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // migrated returns a fresh database with the key table, its URL and a pool.

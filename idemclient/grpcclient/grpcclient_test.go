@@ -21,7 +21,7 @@ import (
 	"github.com/idemhq/idem/idemclient"
 	"github.com/idemhq/idem/idemclient/grpcclient"
 	"github.com/idemhq/idem/idemgrpc"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }

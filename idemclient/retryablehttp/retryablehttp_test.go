@@ -12,7 +12,7 @@ import (
 	"github.com/idemhq/idem/idemclient"
 	"github.com/idemhq/idem/idemclient/internal/servertest"
 	idemretryablehttp "github.com/idemhq/idem/idemclient/retryablehttp"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }

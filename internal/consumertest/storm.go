@@ -328,7 +328,7 @@ var errKilled = errors.New("consumertest: the instance was killed after COMMIT, 
 func (k *killer) wrap(cancel context.CancelFunc) idemconsume.Processor {
 	var once sync.Once
 	kill := context.CancelFunc(func() { once.Do(func() { k.kills.Add(1); cancel() }) })
-	return processorFunc(func(ctx context.Context, m *idemconsume.Message, s idemconsume.Settler) (idemconsume.Result, error) {
+	one := processorFunc(func(ctx context.Context, m *idemconsume.Message, s idemconsume.Settler) (idemconsume.Result, error) {
 		poison := Poisoned(string(m.Payload))
 		if !poison && rand.IntN(8) == 0 && k.inHandler.Add(-1) >= 0 {
 			ctx = context.WithValue(ctx, killKey{}, kill)
@@ -346,6 +346,10 @@ func (k *killer) wrap(cancel context.CancelFunc) idemconsume.Processor {
 		}
 		return res, err
 	})
+	if bp, ok := k.p.(idemconsume.BatchProcessor); ok {
+		return &batchKiller{k: k, one: one, bp: bp, kill: kill}
+	}
+	return one
 }
 
 type processorFunc func(ctx context.Context, m *idemconsume.Message, s idemconsume.Settler) (idemconsume.Result, error)

@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/idemhq/idem/internal/pgurl"
+	"github.com/idemhq/idem/testkit/pgurl"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"

@@ -6,9 +6,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }

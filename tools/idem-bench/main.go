@@ -28,8 +28,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemhq/idem/internal/pgurl"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/pgurl"
 )
 
 type options struct {

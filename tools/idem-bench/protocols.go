@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/protocolswitch"
 )
 
 // Two variants frame idem's protocol from either side, each on its own
@@ -19,7 +19,9 @@ import (
 //   - eager is idem.Do as it ran before the deferred protocol: the claim
 //     inserts the key's row 'in_progress' (claim.sql) and the completion
 //     updates it (complete.sql). It is the same build and code path as do,
-//     switched per slice by protocolswitch.EagerClaim; variants never run
+//     switched per slice by the environment variable
+//     IDEM_BENCH_EAGER_CLAIM, which idem reads only when built with -tags
+//     idembench; variants never run
 //     at the same time, so the switch is only ever on during eager's own
 //     slices.
 //   - atend is the reference that keeps no contract: no claim, no lock, no
@@ -32,7 +34,27 @@ var (
 	atendWork = workIn("atend.")
 
 	eagerClients sync.Map // *pgxpool.Pool → *idem.Client on eager's table
+	plainClients sync.Map // *pgxpool.Pool → *idem.Client with the defaults
 )
+
+// eagerClaimEnv set to "1" makes idem, built with -tags idembench, claim
+// with claim.sql (see idem/benchswitch_idembench.go).
+const eagerClaimEnv = "IDEM_BENCH_EAGER_CLAIM"
+
+// plainClient is the Client with the defaults on pool, for do and replay:
+// the pool itself is refused bare once eager's Client, with a table of its
+// own, was made on it.
+func plainClient(pool *pgxpool.Pool) *idem.Client {
+	if c, ok := plainClients.Load(pool); ok {
+		return c.(*idem.Client)
+	}
+	c, err := idem.NewClient(pool, nil)
+	if err != nil {
+		panic(err) // the defaults are valid and pool is not nil
+	}
+	actual, _ := plainClients.LoadOrStore(pool, c)
+	return actual.(*idem.Client)
+}
 
 func eagerClient(pool *pgxpool.Pool) (*idem.Client, error) {
 	if c, ok := eagerClients.Load(pool); ok {
@@ -47,7 +69,7 @@ func eagerClient(pool *pgxpool.Pool) (*idem.Client, error) {
 }
 
 var eager = variant{"eager", func(ctx context.Context, pool *pgxpool.Pool, c *client) error {
-	if !protocolswitch.Built {
+	if !idemBenchBuild {
 		return errors.New("the eager variant needs idem built with -tags idembench (make bench passes it)")
 	}
 	keys, err := eagerClient(pool)
@@ -56,8 +78,12 @@ var eager = variant{"eager", func(ctx context.Context, pool *pgxpool.Pool, c *cl
 	}
 	key := c.nextKey()
 	account := c.account()
-	protocolswitch.EagerClaim.Store(true)
-	defer protocolswitch.EagerClaim.Store(false)
+	// Read by idem on every call in this build; variants never run at the
+	// same time, so it is set only during eager's own slices.
+	if err := os.Setenv(eagerClaimEnv, "1"); err != nil {
+		return err
+	}
+	defer os.Unsetenv(eagerClaimEnv)
 	_, err = idem.Do(ctx, keys, key, reqHash, func(tx pgx.Tx) (receipt, error) {
 		return eagerWork.run(ctx, tx, account, 1)
 	})

@@ -165,7 +165,7 @@ var (
 	do = variant{"do", func(ctx context.Context, pool *pgxpool.Pool, c *client) error {
 		key := c.nextKey()
 		account := c.account()
-		_, err := idem.Do(ctx, pool, key, reqHash, func(tx pgx.Tx) (receipt, error) {
+		_, err := idem.Do(ctx, plainClient(pool), key, reqHash, func(tx pgx.Tx) (receipt, error) {
 			return doWork.run(ctx, tx, account, 1)
 		})
 		if err == nil {
@@ -176,7 +176,7 @@ var (
 
 	replay = variant{"replay", func(ctx context.Context, pool *pgxpool.Pool, c *client) error {
 		key := c.replay[c.rng.IntN(len(c.replay))]
-		_, err := idem.Do(ctx, pool, key, reqHash, func(pgx.Tx) (receipt, error) {
+		_, err := idem.Do(ctx, plainClient(pool), key, reqHash, func(pgx.Tx) (receipt, error) {
 			return receipt{}, errReplayRan
 		})
 		return err

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // TestReconcileCrashFindsViolations feeds the crash reconciliation a

@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemhq/idem/internal/pgurl"
+	"github.com/idemhq/idem/testkit/pgurl"
 
 	"github.com/jackc/pgx/v5"
 

@@ -28,7 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/internal/pgurl"
+	"github.com/idemhq/idem/testkit/pgurl"
 )
 
 type options struct {

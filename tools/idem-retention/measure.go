@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/pgurl"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/pgurl"
 )
 
 // sample is the state of the key table at one moment.

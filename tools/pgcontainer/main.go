@@ -1,5 +1,5 @@
 // Command pgcontainer starts the PostgreSQL container that the test harness
-// (internal/testdb) falls back to when no server is found and a Docker engine
+// (testkit/testdb) falls back to when no server is found and a Docker engine
 // answers. It lives in the tools module so that testcontainers-go and its
 // Docker client never enter the go.sum of a library user.
 //
@@ -9,7 +9,7 @@
 // container. Interrupt and termination signals terminate it too. Everything
 // else, testcontainers' own log included, goes to standard error.
 //
-// Usage, from the tools module's directory (internal/testdb runs it so, with
+// Usage, from the tools module's directory (testkit/testdb runs it so, with
 // a pipe as standard input that it keeps open while its tests run):
 //
 //	go run ./pgcontainer

@@ -22,7 +22,7 @@ import (
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemclient"
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // Seen records what a server received: the Idempotency-Key and the body of

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	chargev1 "github.com/idemhq/idem/idemgrpc/internal/example/charge/v1"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // Codes the bank answers with, as google.rpc.Code values.

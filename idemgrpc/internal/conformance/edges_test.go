@@ -13,8 +13,8 @@ import (
 	"github.com/idemhq/idem/idemgrpc/idemconnect"
 	chargev1 "github.com/idemhq/idem/idemgrpc/internal/example/charge/v1"
 	"github.com/idemhq/idem/idemgrpc/internal/unary"
-	"github.com/idemhq/idem/internal/faultproxy"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/faultproxy"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // With the package's ContextScope, a keyed call whose context carries no

@@ -18,9 +18,9 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemconsume"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/internal/deposits"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // liveness bounds the wait for the consumer: not a timing assertion, only

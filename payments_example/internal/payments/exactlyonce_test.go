@@ -14,12 +14,12 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttptest"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 	"github.com/idemhq/idem/payments_example/processor"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // TestPaymentsExactlyOnce runs the test kit (idemhttptest) on POST

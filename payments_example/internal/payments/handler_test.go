@@ -22,10 +22,10 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // env is one test's service: its own database, the handler under test

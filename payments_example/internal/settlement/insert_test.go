@@ -12,8 +12,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // probeArgs is a job that only needs inserting.

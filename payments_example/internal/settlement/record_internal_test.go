@@ -7,8 +7,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/internal/testdb"
 	"github.com/idemhq/idem/payments_example/internal/payments"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // TestRecordIsIdempotent: recording the charge a payment is settled by

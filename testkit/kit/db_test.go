@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
-	"github.com/idemhq/idem/internal/kit"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/kit"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string) {

@@ -1,11 +1,11 @@
-package idem_test
+package canonjson_test
 
 import (
 	"encoding/json"
 	"fmt"
 	"testing"
 
-	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/canonjson"
 )
 
 // Every prefix of a document, cut at any byte, is refused with an error
@@ -24,12 +24,12 @@ func TestCanonicalJSONEveryPrefix(t *testing.T) {
 			t.Run(fmt.Sprintf("%d", n), func(t *testing.T) {
 				defer func() {
 					if r := recover(); r != nil {
-						t.Fatalf("CanonicalJSON(%q) panicked: %v", prefix, r)
+						t.Fatalf("Canonicalize(%q) panicked: %v", prefix, r)
 					}
 				}()
-				_, err := idem.CanonicalJSON([]byte(prefix))
+				_, err := canonjson.Canonicalize([]byte(prefix))
 				if valid := json.Valid([]byte(prefix)); (err == nil) != valid {
-					t.Fatalf("CanonicalJSON(%q): %v, but json.Valid says %v", prefix, err, valid)
+					t.Fatalf("Canonicalize(%q): %v, but json.Valid says %v", prefix, err, valid)
 				}
 			})
 		}

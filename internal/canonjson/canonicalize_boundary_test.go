@@ -1,24 +1,24 @@
-package idem_test
+package canonjson_test
 
 import (
 	"encoding/json"
 	"testing"
 
-	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/internal/canonjson"
 )
 
-// The edges of the ranges CanonicalJSON tests bytes and runes against:
+// The edges of the ranges Canonicalize tests bytes and runes against:
 // the first and last letters folded for duplicate keys, and the first and
 // last low surrogates of an escaped pair (and the first code unit past
 // them, which pairs with nothing).
 func TestCanonicalJSONRangeEdges(t *testing.T) {
 	t.Parallel()
 	for _, doc := range []string{`{"a":1,"A":2}`, `{"z":1,"Z":2}`, `{"Ab":1,"aB":2}`, `{"yZ":1,"Yz":2}`} {
-		if _, err := idem.CanonicalJSON([]byte(doc)); err == nil {
-			t.Errorf("CanonicalJSON(%s) accepted keys equal under case folding", doc)
+		if _, err := canonjson.Canonicalize([]byte(doc)); err == nil {
+			t.Errorf("Canonicalize(%s) accepted keys equal under case folding", doc)
 		}
 	}
-	if _, err := idem.CanonicalJSON([]byte(`{"a":1,"b":2,"@":3,"[":4,"` + "`" + `":5,"{":6}`)); err != nil {
+	if _, err := canonjson.Canonicalize([]byte(`{"a":1,"b":2,"@":3,"[":4,"` + "`" + `":5,"{":6}`)); err != nil {
 		t.Errorf("keys next to the letters in ASCII refused: %v", err)
 	}
 	for in, want := range map[string]string{
@@ -27,18 +27,18 @@ func TestCanonicalJSONRangeEdges(t *testing.T) {
 		`"\ud800\udc00"`: "\U00010000",
 		`"\udbff\udfff"`: "\U0010FFFF",
 	} {
-		out, err := idem.CanonicalJSON([]byte(in))
+		out, err := canonjson.Canonicalize([]byte(in))
 		var got string
 		if err == nil {
 			err = json.Unmarshal(out, &got)
 		}
 		if err != nil || got != want {
-			t.Errorf("CanonicalJSON(%s) = %s (%q), %v; want %q", in, out, got, err, want)
+			t.Errorf("Canonicalize(%s) = %s (%q), %v; want %q", in, out, got, err, want)
 		}
 	}
 	for _, in := range []string{`"\ud83d\ue000"`, `"\ud83d\udbff"`, `"\ud83d"`, `"\udc00"`} {
-		if out, err := idem.CanonicalJSON([]byte(in)); err == nil {
-			t.Errorf("CanonicalJSON(%s) = %s, %v; want the lone surrogate refused", in, out, err)
+		if out, err := canonjson.Canonicalize([]byte(in)); err == nil {
+			t.Errorf("Canonicalize(%s) = %s, %v; want the lone surrogate refused", in, out, err)
 		}
 	}
 }
@@ -68,9 +68,9 @@ func TestCanonicalJSONNumberEdges(t *testing.T) {
 		{`2.5e-99`, `2.5e-99`},
 		{`2.5e-100`, `2.5e-100`},
 	} {
-		got, err := idem.CanonicalJSON([]byte(tc.in))
+		got, err := canonjson.Canonicalize([]byte(tc.in))
 		if err != nil || string(got) != tc.want {
-			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
+			t.Errorf("Canonicalize(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
 		}
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemhq/idem/internal/pgurl"
+	"github.com/idemhq/idem/testkit/pgurl"
 )
 
 // recorder is a testing.TB that records what the harness reports and runs

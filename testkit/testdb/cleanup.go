@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemhq/idem/internal/pgurl"
+	"github.com/idemhq/idem/testkit/pgurl"
 )
 
 // namePrefix starts the name of every database the harness gives out.

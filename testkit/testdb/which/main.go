@@ -5,7 +5,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 func main() {

@@ -1,4 +1,4 @@
-package idem
+package canonjson
 
 import (
 	"bytes"
@@ -9,12 +9,6 @@ import (
 	"unicode/utf8"
 )
 
-// This file holds the parser behind CanonicalJSON. It is hand-written, not
-// built on encoding/json's Decoder, because the Decoder turns invalid UTF-8
-// and lone surrogate escapes into U+FFFD and reads numbers only as text or
-// float64: a fingerprint must see the bytes as they are and the numbers as
-// exact decimals.
-//
 // The parser makes one pass over the input and writes each value's canonical
 // spelling to one output buffer in input order. Objects whose members arrive
 // already sorted (always so for canonical input) are final as written. An
@@ -47,8 +41,12 @@ const (
 	maxPlainZeros = 20
 )
 
-// canonicalize is CanonicalJSON without the error prefix.
-func canonicalize(doc []byte) ([]byte, error) {
+// Canonicalize returns the canonical form of the JSON document doc, or an
+// error that names the problem and its byte offset. It is idem.CanonicalJSON
+// without the "idem: canonical JSON: " prefix on its errors; that function's
+// documentation states the grammar, what is refused and the canonical
+// spelling.
+func Canonicalize(doc []byte) ([]byte, error) {
 	// Room for a few escapes before out must grow.
 	p := &parser{in: doc, out: make([]byte, 0, len(doc)+len(doc)/16+16)}
 	p.objs, p.stack, p.keys = p.small.objs[:0], p.small.stack[:0], p.small.keys[:0]
@@ -616,7 +614,7 @@ func appendEscaped(dst []byte, r rune) []byte {
 
 // number reads a JSON number and writes its canonical spelling. The value
 // is kept as an exact decimal: sign, significant digits and exponent; see
-// CanonicalJSON for the spelling.
+// idem.CanonicalJSON for the spelling.
 func (p *parser) number() error {
 	in, at := p.in, p.pos
 	i := at

@@ -56,8 +56,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/idemhq/idem/internal/pgurl"
 	"github.com/idemhq/idem/schema"
+	"github.com/idemhq/idem/testkit/pgurl"
 )
 
 // LocalURL is the server tried when no URL is set in the environment.
@@ -139,7 +139,7 @@ const containerWait = 3 * time.Minute
 func toolsDir() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
-		return "", errors.New("cannot locate the source of internal/testdb")
+		return "", errors.New("cannot locate the source of testkit/testdb")
 	}
 	dir := filepath.Join(filepath.Dir(file), "..", "..", "tools")
 	if _, err := os.Stat(filepath.Join(dir, "pgcontainer", "main.go")); err != nil {
