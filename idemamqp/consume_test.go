@@ -13,8 +13,8 @@ import (
 
 	"github.com/idemhq/idem/idemamqp"
 	"github.com/idemhq/idem/idemconsume"
-	"github.com/idemhq/idem/internal/consumertest"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/consumertest"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // brokerURL is the RabbitMQ the tests use: IDEM_TEST_AMQP_URL, else the

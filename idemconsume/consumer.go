@@ -192,10 +192,6 @@ func (c *Consumer) Process(ctx context.Context, m *Message, s Settler) (Result, 
 	switch {
 	case ctx.Err() != nil && res.Action == Retry:
 		err = ctx.Err() // shutting down: the broker redelivers
-	case ctx.Err() != nil:
-		// The transaction answered before ctx ended: tell the broker, or
-		// the message comes back only to be dropped as a duplicate.
-		err = c.settle(context.WithoutCancel(ctx), s, res)
 	default:
 		err = c.settle(ctx, s, res)
 	}
@@ -207,13 +203,17 @@ func (c *Consumer) Process(ctx context.Context, m *Message, s Settler) (Result, 
 }
 
 // handle runs the handler under m's key and decides the action.
-func (c *Consumer) handle(ctx context.Context, m *Message) Result {
+func (c *Consumer) handle(ctx context.Context, m *Message) Result { return c.handleOn(ctx, c.db, m) }
+
+// handleOn is handle on db: the consumer's database, or a batch's
+// transaction (ProcessBatch).
+func (c *Consumer) handleOn(ctx context.Context, db idem.Beginner, m *Message) Result {
 	key, err := m.key()
 	if err != nil {
 		return Result{Action: DeadLetter, Outcome: idem.OutcomeInvalid, Err: err}
 	}
 	ctx = idem.ContextWithScope(ctx, c.scope)
-	_, outcome, err := idem.Run(ctx, c.db, key, idem.HashBytes(m.Payload),
+	_, outcome, err := idem.Run(ctx, db, key, idem.HashBytes(m.Payload),
 		func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			return struct{}{}, c.handler(ctx, tx, m)
 		})
@@ -238,7 +238,13 @@ func (c *Consumer) handle(ctx context.Context, m *Message) Result {
 	return res
 }
 
+// settle tells the broker res's action through s, once the transaction
+// answered. It does so even when ctx has ended meanwhile, or the message
+// would come back only to be dropped as a duplicate.
 func (c *Consumer) settle(ctx context.Context, s Settler, res Result) error {
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
 	switch res.Action {
 	case Ack:
 		return s.Ack(ctx)

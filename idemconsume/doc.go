@@ -61,6 +61,13 @@
 // idemnats and idemamqp modules) only translate the three actions into
 // their broker's words.
 //
+// # Batches
+//
+// Consumer.ProcessBatch runs several messages in one transaction, each
+// under its own key in a savepoint, and settles each as Process would
+// have, after the batch's COMMIT answered; its documentation says what a
+// batch costs, and when it retries every message of it.
+//
 // # Example
 //
 //	c, err := idemconsume.New(keys, &idemconsume.Config{Name: "ledger"},

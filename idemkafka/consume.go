@@ -26,6 +26,16 @@ type Config struct {
 	// MaxPollRecords bounds the records processed between two commits.
 	// Defaults to 500.
 	MaxPollRecords int
+	// Batch, above 1, processes up to Batch consecutive records of a
+	// partition in one database transaction
+	// (idemconsume.Consumer.ProcessBatch), and the Processor must be an
+	// idemconsume.BatchProcessor. Records from the first one the batch
+	// did not settle on are then processed one transaction each, in order
+	// (those of them that committed in the batch replay), so offsets still
+	// move only past settled records; but a record retried this way
+	// commits after the records behind it in its batch. Defaults to 0: one
+	// transaction per record.
+	Batch int
 }
 
 // Consume consumes with cl until ctx ends, processing every record with p
@@ -47,6 +57,9 @@ func Consume(ctx context.Context, cl *kgo.Client, p idemconsume.Processor, cfg *
 		maxPoll = 500
 	}
 	k := &consumer{cl: cl, p: p, dlq: cfg.DeadLetterTopic, headers: headers}
+	if cfg.Batch > 1 {
+		k.bp, k.batch = p.(idemconsume.BatchProcessor), cfg.Batch
+	}
 	defer cl.CloseAllowingRebalance()
 	for {
 		fetches := cl.PollRecords(ctx, maxPoll)
@@ -98,6 +111,8 @@ func check(cl *kgo.Client, p idemconsume.Processor, cfg *Config) error {
 		return errors.New("idemkafka: Consume needs a client and a processor")
 	case cfg == nil || cfg.DeadLetterTopic == "":
 		return errors.New("idemkafka: Config.DeadLetterTopic is required")
+	case cfg.Batch < 0:
+		return errors.New("idemkafka: Config.Batch must not be negative")
 	case cl.OptValue(kgo.ConsumerGroup) == "":
 		return errors.New("idemkafka: the client must consume in a group (kgo.ConsumerGroup)")
 	case cl.OptValue(kgo.DisableAutoCommit) != true:
@@ -105,12 +120,17 @@ func check(cl *kgo.Client, p idemconsume.Processor, cfg *Config) error {
 	case cl.OptValue(kgo.BlockRebalanceOnPoll) != true:
 		return errors.New("idemkafka: the client must block rebalances while records are processed (kgo.BlockRebalanceOnPoll)")
 	}
+	if _, ok := p.(idemconsume.BatchProcessor); cfg.Batch > 1 && !ok {
+		return fmt.Errorf("idemkafka: Config.Batch needs an idemconsume.BatchProcessor, and %T is not one", p)
+	}
 	return nil
 }
 
 type consumer struct {
 	cl      *kgo.Client
 	p       idemconsume.Processor
+	bp      idemconsume.BatchProcessor // with batch, when Config.Batch > 1
+	batch   int
 	dlq     string
 	headers []string
 }
@@ -118,9 +138,12 @@ type consumer struct {
 // partition processes one partition's records in order and returns the last
 // one settled, or nil.
 func (k *consumer) partition(ctx context.Context, recs []*kgo.Record) *kgo.Record {
+	if k.bp != nil {
+		return k.batches(ctx, recs)
+	}
 	var last *kgo.Record
 	for _, r := range recs {
-		if !k.record(ctx, r) {
+		if !k.record(ctx, r, 1) {
 			break
 		}
 		last = r
@@ -128,11 +151,53 @@ func (k *consumer) partition(ctx context.Context, recs []*kgo.Record) *kgo.Recor
 	return last
 }
 
+// batches is partition with Config.Batch: each run of up to k.batch
+// records in one transaction, then, from the first record the batch did not
+// settle on, the rest of the run one record at a time.
+func (k *consumer) batches(ctx context.Context, recs []*kgo.Record) *kgo.Record {
+	var last *kgo.Record
+	for len(recs) > 0 {
+		run := recs[:min(len(recs), k.batch)]
+		recs = recs[len(run):]
+		ms := make([]*idemconsume.Message, len(run))
+		for i, r := range run {
+			ms[i] = message(r, k.headers)
+			ms[i].Deliveries = 1
+		}
+		res, errs := k.bp.ProcessBatch(ctx, ms, func(i int) idemconsume.Settler { return &settler{k: k, r: run[i]} })
+		done := 0
+		for done < len(run) && errs[done] == nil && res[done].Action != idemconsume.Retry {
+			done++
+		}
+		if done > 0 {
+			last = run[done-1]
+		}
+		if done == len(run) {
+			continue
+		}
+		delay := res[done].Delay
+		if errs[done] != nil {
+			delay = time.Second // the Settler failed: as in record
+		}
+		if !sleep(ctx, delay) {
+			return last
+		}
+		for _, r := range run[done:] {
+			if !k.record(ctx, r, 2) {
+				return last
+			}
+			last = r
+		}
+	}
+	return last
+}
+
 // record processes r until it is settled (acked or dead-lettered), and
-// reports whether it was; false only when ctx ended first.
-func (k *consumer) record(ctx context.Context, r *kgo.Record) bool {
+// reports whether it was; false only when ctx ended first. first is the
+// number of r's first delivery here.
+func (k *consumer) record(ctx context.Context, r *kgo.Record, first int) bool {
 	m := message(r, k.headers)
-	for n := 1; ; n++ {
+	for n := first; ; n++ {
 		m.Deliveries = n
 		s := &settler{k: k, r: r}
 		res, err := k.p.Process(ctx, m, s)
@@ -147,13 +212,21 @@ func (k *consumer) record(ctx context.Context, r *kgo.Record) bool {
 			res.Delay = time.Second
 			n = max(n-1, 1)
 		}
-		t := time.NewTimer(res.Delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, res.Delay) {
 			return false
-		case <-t.C:
 		}
+	}
+}
+
+// sleep waits for d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

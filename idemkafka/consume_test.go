@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemhq/idem/idemconsume"
 	"github.com/idemhq/idem/idemkafka"
-	"github.com/idemhq/idem/internal/consumertest"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/consumertest"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // broker is a kfake cluster (in-process, speaking the Kafka protocol) with
@@ -30,6 +30,8 @@ type broker struct {
 	// 60s). A member that dies without leaving (SIGKILL) holds its
 	// partitions until its session expires.
 	session time.Duration
+	// batch is the consumers' Config.Batch.
+	batch int
 
 	mu   sync.Mutex
 	dead []string
@@ -98,7 +100,7 @@ func (b *broker) Consume(ctx context.Context, p idemconsume.Processor) error {
 	if err != nil {
 		return err
 	}
-	return idemkafka.Consume(ctx, cl, p, &idemkafka.Config{DeadLetterTopic: b.topic + ".dlq", MaxPollRecords: 20})
+	return idemkafka.Consume(ctx, cl, p, &idemkafka.Config{DeadLetterTopic: b.topic + ".dlq", MaxPollRecords: 20, Batch: b.batch})
 }
 
 func (b *broker) DeadLetters(context.Context) ([]string, error) {
@@ -115,6 +117,23 @@ func (b *broker) DeadLetters(context.Context) ([]string, error) {
 func TestStorm(t *testing.T) {
 	t.Parallel()
 	consumertest.Storm{}.Compare(t, "kafka (kfake)", testdb.New(t), newStormBroker)
+}
+
+// TestStormBatch is TestStorm's idem row with Config.Batch: each
+// partition's records of a poll in transactions of up to 8, the storm's
+// kills and terminations landing in the middle of batches.
+func TestStormBatch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	c, _ := consumertest.Processors(t, pool)
+	b := newBroker(t, fmt.Sprintf("events-%d", rand.Int64()))
+	b.batch = 8
+	s := consumertest.Storm{}
+	row := s.Run(t, "batch", b, pool, c)
+	t.Log("kafka (kfake) storm, batches of 8:" + consumertest.Table(row))
+	if !row.Exact(3) { // Storm's default Poison
+		t.Errorf("%+v; want no duplicate, none lost, exactly the poison messages dead-lettered", row)
+	}
 }
 
 // TestStormLong is TestStorm at consumertest.Long's size.
@@ -179,5 +198,15 @@ func TestConsumeChecksTheClient(t *testing.T) {
 			t.Errorf("%s: Consume accepted the client", name)
 		}
 		cl.Close()
+	}
+	// Batches need a processor that makes them.
+	cl, err := kgo.NewClient(append(base, kgo.ConsumerGroup("g"), kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	_, bare := consumertest.Processors(t, testdb.New(t))
+	if err := idemkafka.Consume(t.Context(), cl, bare, &idemkafka.Config{DeadLetterTopic: "dlq", Batch: 10}); err == nil {
+		t.Error("Consume accepted Config.Batch with a processor that cannot batch")
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemconsume"
 	"github.com/idemhq/idem/idemnats"
-	"github.com/idemhq/idem/internal/consumertest"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/consumertest"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // broker is a JetStream server embedded in the test process (the NATS

@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/idemhq/idem/internal/consumertest"
-	"github.com/idemhq/idem/internal/testdb"
+	"github.com/idemhq/idem/testkit/consumertest"
+	"github.com/idemhq/idem/testkit/testdb"
 )
 
 // A process storm's consumer instance is this binary, started again
