@@ -132,21 +132,21 @@ func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 // Commit releases the savepoint.
 func (s *savepointTx) Commit(ctx context.Context) error {
-	if !s.live() {
-		return pgx.ErrTxClosed
-	}
-	s.closed = true
-	_, err := s.parent.conn.Exec(ctx, "release savepoint "+s.name)
-	return err
+	return s.end(ctx, "release savepoint ")
 }
 
 // Rollback rolls back to the savepoint.
 func (s *savepointTx) Rollback(ctx context.Context) error {
+	return s.end(ctx, "rollback to savepoint ")
+}
+
+// end closes the savepoint with verb, once.
+func (s *savepointTx) end(ctx context.Context, verb string) error {
 	if !s.live() {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.parent.conn.Exec(ctx, "rollback to savepoint "+s.name)
+	_, err := s.parent.conn.Exec(ctx, verb+s.name)
 	return err
 }
 

@@ -41,11 +41,8 @@ func (g guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 // Commit returns ErrTxOwned for the transaction Do owns, and releases a
 // savepoint of fn's.
 func (g guardedTx) Commit(ctx context.Context) error {
-	switch {
-	case g.owned:
-		return ErrTxOwned
-	case g.closed.Load():
-		return pgx.ErrTxClosed
+	if err := g.endable(); err != nil {
+		return err
 	}
 	return g.tx.Commit(ctx)
 }
@@ -53,13 +50,22 @@ func (g guardedTx) Commit(ctx context.Context) error {
 // Rollback returns ErrTxOwned for the transaction Do owns, and rolls back a
 // savepoint of fn's.
 func (g guardedTx) Rollback(ctx context.Context) error {
+	if err := g.endable(); err != nil {
+		return err
+	}
+	return g.tx.Rollback(ctx)
+}
+
+// endable is why fn may not end g, or nil: Do owns the transaction, or the
+// call is over.
+func (g guardedTx) endable() error {
 	switch {
 	case g.owned:
 		return ErrTxOwned
 	case g.closed.Load():
 		return pgx.ErrTxClosed
 	}
-	return g.tx.Rollback(ctx)
+	return nil
 }
 
 // CopyFrom runs COPY FROM in the transaction.

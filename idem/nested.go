@@ -10,17 +10,32 @@ import (
 	"github.com/idemhq/idem/internal/dbtx"
 )
 
-// nested is the transport through db.Begin, for an outer pgx.Tx (a
-// savepoint) or any other Beginner. It costs BEGIN and COMMIT their own round
-// trips; the claim still travels with the savepoint that isolates fn's
-// writes from a refusal. Its protocol is insertProtocol, or
+// nested is the transport for an outer pgx.Tx or any other Beginner. In an
+// outer transaction the call is the savepoint idem_call: it is opened in
+// the pipeline that carries the claim and released in the one that carries
+// the completion, so the call costs the round trips of its statements and
+// no more. Through any other Beginner, BEGIN and COMMIT take their own round
+// trips. Either way the claim travels with the savepoint idem_work that
+// isolates fn's writes from a refusal. Its protocol is insertProtocol, or
 // partitionedProtocol on a partitioned table (chooseProtocol).
 type nested struct {
 	db    Beginner
-	txn   pgx.Tx
+	txn   pgx.Tx // the outer transaction itself, or the one this call began
 	fnTx  guardedTx
 	close func()
+	// inCall is set once the savepoint idem_call is open in the outer
+	// transaction, until it is released or rolled back to.
+	inCall bool
 }
+
+// The savepoint that is one call in an outer transaction. Calls nest in
+// the order they run (a call inside another's fn), and RELEASE and ROLLBACK
+// TO name the newest savepoint of a name, so one name serves every depth.
+const (
+	savepointCallSQL = "savepoint idem_call"
+	releaseCallSQL   = "release savepoint idem_call"
+	undoCallSQL      = "rollback to savepoint idem_call; release savepoint idem_call"
+)
 
 // txBeginner is implemented by pools and connections that take options.
 type txBeginner interface {
@@ -36,7 +51,9 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	var err error
 	tb, canOpt := n.db.(txBeginner)
 	withOpts := !n.outer() && c.s.txOpts != (pgx.TxOptions{})
-	if withOpts && canOpt {
+	if outer, ok := n.db.(pgx.Tx); ok {
+		n.txn = outer // the call's work is the savepoint idem_call in it
+	} else if withOpts && canOpt {
 		n.txn, err = tb.BeginTx(ctx, c.s.txOpts)
 	} else {
 		n.txn, err = n.db.Begin(ctx)
@@ -65,9 +82,19 @@ func (n *nested) claim(ctx context.Context, c *call) (claim, error) {
 	if !n.outer() {
 		idle = c.s.idle
 	}
+	if n.outer() {
+		b.Queue(savepointCallSQL)
+	}
 	proto.queueClaim(b, c, idle, true)
 	b.Queue("savepoint idem_work")
 	br := n.txn.SendBatch(ctx, b)
+	if n.outer() {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return claim{}, fmt.Errorf("savepoint: %w", err)
+		}
+		n.inCall = true
+	}
 	cl, claimErr := proto.readClaim(br, c, true)
 	closeErr := br.Close()
 	switch {
@@ -98,6 +125,9 @@ func (n *nested) closeTx() {
 func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 	b := &pgx.Batch{}
 	complete := queueFinish(b, c, fin)
+	if n.outer() {
+		b.Queue(releaseCallSQL)
+	}
 	if failed, err := execAll(n.txn.SendBatch(ctx, b), b.Len()); err != nil {
 		if failed == complete {
 			if kerr := c.proto.completeError(err); kerr != nil {
@@ -106,8 +136,14 @@ func (n *nested) finish(ctx context.Context, c *call, fin *finish) error {
 		}
 		return fmt.Errorf("idem: store result: %w", err)
 	}
+	if n.outer() {
+		// Released: the key and fn's writes are the outer transaction's
+		// now, and commit when it does.
+		n.inCall = false
+		return nil
+	}
 	if err := n.txn.Commit(ctx); err != nil {
-		return commitError(err, !n.outer())
+		return commitError(err, true)
 	}
 	return nil
 }
@@ -118,7 +154,17 @@ func (n *nested) ended() bool {
 }
 
 func (n *nested) abort(ctx context.Context) {
-	if n.txn != nil {
+	switch {
+	case n.outer():
+		if n.inCall {
+			// Undo the call and leave the outer transaction as it was
+			// before it, usable by the caller.
+			n.inCall = false
+			cctx, cancel := cleanupContext(ctx)
+			defer cancel()
+			_, _ = n.txn.Exec(cctx, undoCallSQL)
+		}
+	case n.txn != nil:
 		dbtx.Rollback(ctx, n.txn)
 	}
 }

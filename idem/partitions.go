@@ -258,14 +258,7 @@ func (m maintainer) dropIfExpired(ctx context.Context, p partition) (keys int64,
 	}
 	// The barrier commits before the census reads: the census must not hold
 	// the lock, which would stop every claim while it reads the partition.
-	err = m.tx(ctx, func(tx pgx.Tx) error {
-		if err := lockTimeout(ctx, tx); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, sqltext.Retarget(partitionBarrierSQL, p.name), pgx.QueryExecModeSimpleProtocol)
-		return err
-	})
-	if err != nil {
+	if err := m.lockedExec(ctx, sqltext.Retarget(partitionBarrierSQL, p.name)); err != nil {
 		return 0, false, err
 	}
 	var live int64
@@ -275,17 +268,23 @@ func (m maintainer) dropIfExpired(ctx context.Context, p partition) (keys int64,
 	if err != nil || live > 0 {
 		return 0, false, err
 	}
-	err = m.tx(ctx, func(tx pgx.Tx) error {
-		if err := lockTimeout(ctx, tx); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, sqltext.Retarget(partitionDropSQL, p.name), pgx.QueryExecModeSimpleProtocol)
-		return err
-	})
-	if err != nil {
+	if err := m.lockedExec(ctx, sqltext.Retarget(partitionDropSQL, p.name)); err != nil {
 		return 0, false, err
 	}
 	return keys, true, nil
+}
+
+// lockedExec runs sql, a statement that takes the key table's lock, in a
+// transaction of its own that waits for the lock at most
+// PartitionLockTimeout.
+func (m maintainer) lockedExec(ctx context.Context, sql string) error {
+	return m.tx(ctx, func(tx pgx.Tx) error {
+		if err := lockTimeout(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol)
+		return err
+	})
 }
 
 func isLockTimeout(err error) bool {

@@ -26,8 +26,11 @@ import (
 //     The claim travels in one pipeline with BEGIN and the savepoint, and
 //     the completion in one with COMMIT: no round trip beyond a bare
 //     transaction, and a replay is one round trip.
-//   - anything else, an outer pgx.Tx (Do runs in a savepoint of it) or
-//     another Beginner: nested (nested.go), through Begin and Commit.
+//   - an outer pgx.Tx: nested (nested.go). The call is the savepoint
+//     idem_call of the outer transaction, opened in the pipeline that
+//     carries the claim and released in the one that carries the
+//     completion: no round trip beyond the call's own statements.
+//   - any other Beginner: nested, through its Begin and Commit.
 //
 // The protocol, by the transport, the isolation level and the table's
 // layout (chooseProtocol); each owns its SQL files:
@@ -65,9 +68,12 @@ import (
 // Besides the claim, the completion and COMMIT, an attempt sends: on a
 // pipeline, the SET statements of WithTxOptions ahead of the claim (setTxSQL),
 // BEGIN, SAVEPOINT idem_work, and the idle timeout (setIdleTimeoutSQL, or
-// assert_deferred.sql's third argument); through nested, Begin's BEGIN (or
-// SAVEPOINT) and SAVEPOINT idem_work; on a refusal, ROLLBACK TO SAVEPOINT
-// idem_work before the completion; after a failure, ROLLBACK. The first
+// assert_deferred.sql's third argument); through nested, Begin's BEGIN
+// (in an outer transaction, SAVEPOINT idem_call ahead of the claim) and
+// SAVEPOINT idem_work; on a refusal, ROLLBACK TO SAVEPOINT idem_work before
+// the completion; in an outer transaction, RELEASE SAVEPOINT idem_call after
+// it instead of COMMIT; after a failure, ROLLBACK (in an outer transaction,
+// ROLLBACK TO and RELEASE SAVEPOINT idem_call). The first
 // call on a connection also asks layout.sql and prepares the claim's
 // statements (prepareFirstTrip). A call that does not claim its key may
 // send lookup.sql once (replay.go).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -26,13 +27,26 @@ func (b lossyBeginner) Begin(ctx context.Context) (pgx.Tx, error) {
 	return lossyCommitTx{tx}, err
 }
 
-// lossyOuter is a caller's outer transaction; the savepoints Do opens in it
-// report their release lost in the same way.
+// lossyOuter is a caller's outer transaction; the pipeline that releases
+// Do's savepoint in it (with the completion) reports its answer lost in the
+// same way, after the server ran it.
 type lossyOuter struct{ pgx.Tx }
 
-func (o lossyOuter) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp, err := o.Tx.Begin(ctx)
-	return lossyCommitTx{sp}, err
+func (o lossyOuter) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	br := o.Tx.SendBatch(ctx, b)
+	if q := b.QueuedQueries; len(q) > 0 && strings.HasPrefix(q[len(q)-1].SQL, "release savepoint") {
+		return lossyResults{br}
+	}
+	return br
+}
+
+type lossyResults struct{ pgx.BatchResults }
+
+func (r lossyResults) Close() error {
+	if err := r.BatchResults.Close(); err != nil {
+		return err
+	}
+	return errLostAnswer
 }
 
 type lossyCommitTx struct{ pgx.Tx }

@@ -200,3 +200,62 @@ func show(trips []string) string {
 	}
 	return b.String()
 }
+
+// TestRoundTripsInAnOuterTransaction holds the cost of a call inside the
+// caller's transaction (Client.On(tx), as a batch of messages uses it): its
+// savepoint travels with the claim and its release with the completion, so
+// a first execution costs the work's own round trips and two more (the
+// claim's and the completion's), never a round trip for SAVEPOINT or
+// RELEASE alone, and the key commits with the outer transaction.
+func TestRoundTripsInAnOuterTransaction(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	ctx := context.Background()
+	pool := l.pool(func(c *pgxpool.Config) { c.MaxConns = 1 })
+	keys, err := idem.NewClient(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := func(tx pgx.Tx) (int64, error) {
+		var balance int64
+		err := tx.QueryRow(ctx, "update accounts set balance = balance + $1 where id = $2 returning balance", 1, 7).Scan(&balance)
+		return balance, err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// Warm the connection: the first use of each statement prepares it.
+	if _, err := idem.Do(ctx, keys.On(tx), "k-warm", ledgerHash, work); err != nil {
+		t.Fatal(err)
+	}
+	var c tripCounter
+	l.proxy.SetRule(c.rule())
+	defer l.proxy.SetRule(nil)
+	if _, err := work(tx); err != nil {
+		t.Fatal(err)
+	}
+	workTrips := c.take()
+	if _, err := idem.Do(ctx, keys.On(tx), "k-1", ledgerHash, work); err != nil {
+		t.Fatal(err)
+	}
+	firstTrips := c.take()
+	l.proxy.SetRule(nil)
+	t.Logf("the work alone:  %s", show(workTrips))
+	t.Logf("first execution: %s", show(firstTrips))
+	if len(firstTrips) != len(workTrips)+2 {
+		t.Errorf("a first execution in an outer transaction took %d round trips, the work alone %d; want the work's and two more:\n  Do:   %s\n  work: %s",
+			len(firstTrips), len(workTrips), show(firstTrips), show(workTrips))
+	}
+	if err := idem.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "select count(*) from idempotency_keys where idempotency_key in ('k-warm', 'k-1') and status = 'completed'").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 {
+		t.Fatalf("%d keys completed after the outer COMMIT, want 2", rows)
+	}
+}
