@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"encoding"
 	"encoding/json"
 	"errors"
@@ -32,8 +33,46 @@ func decode[T any](data []byte) (T, error) {
 	if len(data) == 0 {
 		return v, errors.New("empty stored result")
 	}
-	err := json.Unmarshal(data, &v)
-	return v, err
+	if err := json.Unmarshal(data, &v); err != nil {
+		return v, err
+	}
+	if foreign[T](data, &v) {
+		return v, fmt.Errorf("the stored result shares no field with %v: it was stored by another caller under the same scope and key (a result of another type), not by this one", reflect.TypeFor[T]())
+	}
+	return v, nil
+}
+
+// foreign reports a result that another caller stored: a JSON object with
+// members, none of which is a field of T, so that it decodes into T's zero
+// value. Two callers that use one key in one scope (the empty scope is
+// shared by every caller of the table) would otherwise be answered each
+// other's results as zero values. A type that gained or lost fields since
+// it stored a result still shares the others, and replays. Only the zero
+// value is looked into, so a replay pays nothing for the check.
+func foreign[T any](data []byte, v *T) bool {
+	t := reflect.TypeFor[T]()
+	if t.Kind() != reflect.Struct || reflect.PointerTo(t).Implements(jsonUnmarshaler) || !reflect.ValueOf(v).Elem().IsZero() {
+		return false
+	}
+	var members map[string]json.RawMessage
+	if json.Unmarshal(data, &members) != nil || len(members) == 0 {
+		return false
+	}
+	for name := range members {
+		// encoding/json's own matching of a member to a field (tags,
+		// case folding, embedded structs): a member it knows decodes
+		// without an unknown-field error.
+		probe, err := json.Marshal(map[string]any{name: nil})
+		if err != nil {
+			return false
+		}
+		dec := json.NewDecoder(bytes.NewReader(probe))
+		dec.DisallowUnknownFields()
+		if dec.Decode(reflect.New(t).Interface()) == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // storedForm returns v as a replay will see it: decoded from data. The first

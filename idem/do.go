@@ -41,7 +41,8 @@ type Beginner interface {
 // result type: two callers that use one key there share one row, so the
 // second's fn never runs and it is answered the first's stored result
 // (two consumers of one event both keyed by the event id; two services
-// keyed by one order id). It is right only where one caller makes its keys
+// keyed by one order id), or ErrCorruptRecord where that result shares no
+// field with the second's result type. It is right only where one caller makes its keys
 // (one service method keyed by its own job ids). Give every other caller a
 // scope of its own: the authenticated principal for keys a client sends
 // (idemhttp and idemgrpc refuse keyed requests without one), the consumer's

@@ -63,7 +63,9 @@ var (
 	ErrTxOwned = errors.New("idem: the transaction belongs to idem; return from fn (or write the response) instead of committing or rolling back")
 
 	// ErrCorruptRecord means a stored row could not be read back: it does
-	// not decode into the result type (the type changed incompatibly), or a
+	// not decode into the result type (the type changed incompatibly, or
+	// the result is a JSON object that shares no field with a struct result
+	// type: another caller's result under the same scope and key), or a
 	// Sealer could not open it, or its columns disagree with what was
 	// sealed (the row was edited). fn did not run. Retrying will fail the
 	// same way until the key expires or is forgotten (Client.Forget).
