@@ -156,7 +156,7 @@ func newOpCitusSQL(t sqltext.Table) opSQL {
 type statements struct {
 	table                         string
 	lookup, sweep, record, forget string
-	checkOperations               string
+	checkOperations, checkCitus   string
 
 	// The protocols' statements: insert and deferred on the plain set,
 	// part on the partitioned one, citus on Citus's (chooseProtocol).
@@ -195,6 +195,7 @@ func statementsFor(table string) (*statements, error) {
 		record:          t.Rewrite(recordSQL),
 		forget:          t.Rewrite(forgetSQL),
 		checkOperations: t.Rewrite(checkOperationsSQL),
+		checkCitus:      t.Rewrite(checkCitusSQL),
 		insert:          newInsertSQL(t),
 		deferred:        newDeferredSQL(t),
 		op:              newOpSQL(t),

@@ -2,10 +2,12 @@ package citus_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemhq/idem/idem"
+	"github.com/idemhq/idem/schema"
 )
 
 // TestLookupForgetSweep: Lookup and Forget through every node, and Sweep
@@ -60,5 +62,75 @@ func TestLookupForgetSweep(t *testing.T) {
 	}
 	if got := c.count("SELECT count(*) FROM idempotency_keys"); got != len(c.nodes) {
 		t.Fatalf("%d keys left, want %d", got, len(c.nodes))
+	}
+}
+
+// TestCheck: Client.Check through the coordinator and a worker passes on
+// the layout schema.ApplyDistributed made, and names a key table that is
+// not distributed, not colocated with Config.ColocateWith, or whose
+// operations' tables are colocated elsewhere.
+func TestCheck(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	coord := c.nodes[0].pool
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := coord.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`CREATE TABLE loose (scope text PRIMARY KEY);
+	      SELECT create_distributed_table('loose', 'scope', colocate_with => 'none')`)
+	if err := schema.ApplyTable(ctx, coord, "local_keys"); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.ApplyTable(ctx, coord, "split_keys"); err != nil {
+		t.Fatal(err)
+	}
+	exec(`SELECT create_distributed_table('split_keys', 'scope', colocate_with => 'accounts');
+	      SELECT create_distributed_table('split_keys_operations', 'scope', colocate_with => 'loose');
+	      SELECT create_distributed_table('split_keys_steps', 'scope', colocate_with => 'accounts')`)
+	for _, n := range []*node{c.nodes[0], c.nodes[len(c.nodes)-1]} {
+		check := func(cfg idem.Config) error {
+			cl, err := idem.NewClient(n.pool, &cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return cl.Check(ctx)
+		}
+		notDistributed := []string{"local_keys is not distributed", "schema.ApplyDistributed"}
+		if n != c.nodes[0] { // a table local to the coordinator is not on a worker
+			notDistributed = []string{"local_keys does not exist"}
+		}
+		for _, tc := range []struct {
+			name string
+			cfg  idem.Config
+			want []string // nil: Check passes
+		}{
+			{"distributed", idem.Config{}, nil},
+			{"colocated", idem.Config{ColocateWith: "accounts"}, nil},
+			{"not colocated", idem.Config{ColocateWith: "loose"}, []string{"not colocated with loose", "update_distributed_table_colocation"}},
+			{"colocated with a missing table", idem.Config{ColocateWith: "nowhere"}, []string{"nowhere, which does not exist"}},
+			{"not distributed", idem.Config{Table: "local_keys"}, notDistributed},
+			{"operations elsewhere", idem.Config{Table: "split_keys", ColocateWith: "accounts"}, []string{"(split_keys_operations)"}},
+		} {
+			t.Run(n.name+"/"+tc.name, func(t *testing.T) {
+				err := check(tc.cfg)
+				if tc.want == nil {
+					if err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+				if err == nil {
+					t.Fatalf("Check passed; want it to say %q", tc.want)
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Fatalf("Check: %v\nwant it to say %q", err, w)
+					}
+				}
+			})
+		}
 	}
 }
