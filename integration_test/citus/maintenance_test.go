@@ -2,9 +2,12 @@ package citus_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/schema"
@@ -131,6 +134,90 @@ func TestCheck(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestStats reads the keys where they are, through the coordinator and a
+// worker: the row estimate and the size of the shards (not the empty shell
+// on the entry node), the expired keys of every shard, a key in progress
+// on a worker, and an unfinished operation.
+func TestStats(t *testing.T) {
+	c := newCluster(t)
+	scopes := []string{c.tenantOn(1), c.tenantOn(len(c.nodes) - 1)}
+	const perScope = 20
+	for _, scope := range scopes {
+		c.open(scope, 1000)
+		ctx := idem.ContextWithScope(context.Background(), scope)
+		for i := range perScope {
+			key := fmt.Sprintf("stats-%d", i)
+			runs := 0
+			if _, err := idem.Do(ctx, c.nodes[0].pool, key, "h", chargeFn(ctx, scope, key, 1, &runs)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := c.nodes[0].pool.Exec(context.Background(),
+		"UPDATE idempotency_keys SET created_at = $1, completed_at = $1, expires_at = $1 WHERE idempotency_key IN ('stats-0', 'stats-1')",
+		time.Now().Add(-48*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A key in progress on the second worker, and an unfinished operation
+	// on the first.
+	holdCtx := idem.ContextWithScope(context.Background(), scopes[1])
+	inFn, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := idem.Do(holdCtx, c.nodes[0].pool, "held", "h", func(tx pgx.Tx) (charge, error) {
+			close(inFn)
+			<-release
+			return charge{}, nil
+		})
+		held <- err
+	}()
+	<-inFn
+	defer func() {
+		close(release)
+		if err := <-held; err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, sql := range []string{
+		`INSERT INTO idempotency_keys (scope, idempotency_key, request_hash, status, expires_at)
+		 VALUES ($1, 'unfinished', 'h', 'unfinished', now() + interval '1 day')`,
+		`INSERT INTO idempotency_keys_operations (scope, idempotency_key, operation, request, run, lease_until)
+		 VALUES ($1, 'unfinished', 'pay', '{}', gen_random_uuid(), now())`,
+	} {
+		if _, err := c.nodes[0].pool.Exec(context.Background(), sql, scopes[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.nodes[0].pool.Exec(context.Background(), "ANALYZE idempotency_keys"); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, n := range []*node{c.nodes[0], c.nodes[len(c.nodes)-1]} {
+		cl, err := idem.NewClient(n.pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := cl.Stats(context.Background())
+		if err != nil {
+			t.Fatalf("stats through %s: %v", n.name, err)
+		}
+		t.Logf("through %s: %+v", n.name, st)
+		switch {
+		case st.Rows != 2*perScope+1:
+			t.Fatalf("through %s: Rows %d, want %d (the shards' estimate after ANALYZE)", n.name, st.Rows, 2*perScope+1)
+		case st.Expired != 4:
+			t.Fatalf("through %s: Expired %d, want 4", n.name, st.Expired)
+		case st.InProgress != 1 || st.OldestInProgress <= 0:
+			t.Fatalf("through %s: InProgress %d, OldestInProgress %v; want the key held", n.name, st.InProgress, st.OldestInProgress)
+		case st.Unfinished != 1 || st.OldestUnfinished <= 0:
+			t.Fatalf("through %s: Unfinished %d, OldestUnfinished %v; want 1", n.name, st.Unfinished, st.OldestUnfinished)
+		case st.TableBytes <= 8192*3:
+			t.Fatalf("through %s: TableBytes %d: the shell's size, not the shards'", n.name, st.TableBytes)
 		}
 	}
 }
