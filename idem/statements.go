@@ -26,6 +26,8 @@ var (
 	layoutSQL string
 	//go:embed sql/sweep_citus.sql
 	sweepCitusSQL string
+	//go:embed sql/record_citus.sql
+	recordCitusSQL string
 
 	//go:embed sql/record_partitioned.sql
 	recordPartitionedSQL string
@@ -214,7 +216,7 @@ func statementsFor(table string) (*statements, error) {
 		table:           table,
 		lookup:          s.lookup,
 		sweep:           t.Rewrite(sweepCitusSQL),
-		record:          s.record,
+		record:          t.Rewrite(recordCitusSQL),
 		forget:          s.forget,
 		checkOperations: s.checkOperations,
 		citus:           newCitusSQL(t),

@@ -2,8 +2,10 @@ package citus_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,5 +221,66 @@ func TestStats(t *testing.T) {
 		case st.TableBytes <= 8192*3:
 			t.Fatalf("through %s: TableBytes %d: the shell's size, not the shards'", n.name, st.TableBytes)
 		}
+	}
+}
+
+// TestLookupAndForgetInProgress holds a key through each node and asks
+// Lookup and Forget about it through every node: Lookup reports it in
+// progress, and Forget answers ErrInProgress without touching it, both
+// deciding on the shard's node, where the claim's lock is. After the
+// holder commits, Lookup finds the answer and Forget deletes it.
+func TestLookupAndForgetInProgress(t *testing.T) {
+	c := newCluster(t)
+	scope := c.tenantOn(1)
+	c.open(scope, 1000)
+	ctx := idem.ContextWithScope(context.Background(), scope)
+	for hi, holder := range c.nodes {
+		key := fmt.Sprintf("busy-%d", hi)
+		inFn, release := make(chan struct{}), make(chan struct{})
+		var releaseOnce sync.Once
+		// A failure below must still end the holder's transaction, or
+		// closing its pool would wait for it forever.
+		t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+		done := make(chan error, 1)
+		go func() {
+			runs := 0
+			_, err := idem.Do(ctx, holder.pool, key, "h", func(tx pgx.Tx) (charge, error) {
+				close(inFn)
+				<-release
+				return chargeFn(ctx, scope, key, 1, &runs)(tx)
+			})
+			done <- err
+		}()
+		<-inFn
+		for _, other := range c.nodes {
+			cl, err := idem.NewClient(other.pool, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, err := cl.Lookup(ctx, scope, key)
+			if err != nil || rec.Status != idem.StatusInProgress {
+				t.Fatalf("held through %s, looked up through %s: %+v, %v; want in progress", holder.name, other.name, rec, err)
+			}
+			if forgotten, err := cl.Forget(ctx, scope, key); !errors.Is(err, idem.ErrInProgress) || forgotten {
+				t.Fatalf("held through %s, forgotten through %s: %v, %v; want ErrInProgress", holder.name, other.name, forgotten, err)
+			}
+		}
+		releaseOnce.Do(func() { close(release) })
+		if err := <-done; err != nil {
+			t.Fatalf("the holder through %s: %v", holder.name, err)
+		}
+		cl, err := idem.NewClient(c.nodes[(hi+1)%len(c.nodes)].pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := cl.Lookup(ctx, scope, key); err != nil || rec.Status != idem.StatusCompleted {
+			t.Fatalf("after the commit: %+v, %v", rec, err)
+		}
+		if forgotten, err := cl.Forget(ctx, scope, key); err != nil || !forgotten {
+			t.Fatalf("forget after the commit: %v, %v", forgotten, err)
+		}
+	}
+	if got := c.count("SELECT count(*) FROM charges WHERE scope = $1", scope); got != len(c.nodes) {
+		t.Fatalf("%d charges, want %d", got, len(c.nodes))
 	}
 }
