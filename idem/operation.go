@@ -133,7 +133,8 @@ type Resumer interface {
 // finished, Do with its key and request hash replays its answer.
 //
 // Operations need the Client of a pool (NewClient, not On) and the plain
-// table layout.
+// table layout, which on a Citus cluster may be distributed
+// (schema.ApplyDistributed; docs/SCALING.md).
 // While owners work, the Operation keeps one connection of its own beside
 // the pool, opened with the pool's settings and hooks (BeforeConnect,
 // AfterConnect), on which it renews their leases; it closes it shortly
