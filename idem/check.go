@@ -13,6 +13,8 @@ var (
 	checkSQL string
 	//go:embed sql/check_operations.sql
 	checkOperationsSQL string
+	//go:embed sql/check_citus.sql
+	checkCitusSQL string
 )
 
 // applySchema is what every error about a missing or malformed key table
@@ -20,7 +22,7 @@ var (
 const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPartitioned), `idem migrate`, or psql -f each schema/[0-9]*.sql in order (all safe to repeat)"
 
 // Check verifies, in two statements that read the catalog and write
-// nothing, that the Client can work with its key table, so that a
+// nothing (three on Citus), that the Client can work with its key table, so that a
 // misconfigured deployment fails when it starts rather than at its first
 // call. It returns nil, or an error that names every problem found and
 // what to do about it:
@@ -37,7 +39,13 @@ const applySchema = "apply the schema with schema.ApplyTable (or schema.ApplyPar
 //     status check of a plain table admits 'unfinished';
 //   - the session may write: it is not read-only (default_transaction_read_only,
 //     or an outer read-only transaction given to On) and the server is not a
-//     standby.
+//     standby;
+//   - on a database with the Citus extension (a third statement): the key
+//     table is distributed by scope if any other table is hash-distributed,
+//     the tables of unfinished operations are distributed by scope and
+//     colocated with it, and it is colocated with Config.ColocateWith, if
+//     set, so that a call's key and the tenant's rows share a shard. A
+//     Config.ColocateWith on a database without Citus is reported too.
 //
 // Check does not verify what only maintenance needs: on the partitioned
 // layout, Sweep makes and drops partitions, which needs the table's owner.
@@ -100,9 +108,9 @@ func (c *Client) Check(ctx context.Context) error {
 		}
 	}
 	if name != nil && len(missing) == 0 {
-		var opsTable, stepsTable, admits bool
+		var opsTable, stepsTable, admits, citus bool
 		err := c.query(ctx, func(q querier) error {
-			return q.QueryRow(ctx, c.base.stmts.checkOperations, c.base.table).Scan(&opsTable, &stepsTable, &admits)
+			return q.QueryRow(ctx, c.base.stmts.checkOperations, c.base.table).Scan(&opsTable, &stepsTable, &admits, &citus)
 		})
 		switch {
 		case err != nil:
@@ -111,6 +119,14 @@ func (c *Client) Check(ctx context.Context) error {
 			add("idem: the tables of unfinished operations (%s_operations, %s_steps) do not exist; Forget and Stats read them: %s", table, table, applySchema)
 		case !admits && !partitioned: // operations run on the plain layout only
 			add("idem: the key table %s's status check does not admit 'unfinished' (an operation's key): it predates schema/002_idempotency_keys_operations.sql; recreate the check as schema/001_idempotency_keys.sql has it", table)
+		}
+		switch {
+		case citus:
+			if err := c.checkCitus(ctx, add); err != nil {
+				return fmt.Errorf("idem: check %s: %w", c.base.table, err)
+			}
+		case c.base.colocateWith != "":
+			add("idem: Config.ColocateWith names %s, but the database has no Citus extension: the key table is distributed only on a Citus cluster (docs/SCALING.md); leave ColocateWith empty on plain PostgreSQL", c.base.colocateWith)
 		}
 	}
 	switch {
@@ -127,4 +143,42 @@ func deref(s *string) string {
 		return "nothing"
 	}
 	return *s
+}
+
+// checkCitus adds the problems check_citus.sql finds on a database with
+// the Citus extension.
+func (c *Client) checkCitus(ctx context.Context, add func(string, ...any)) error {
+	var (
+		column, with         *string
+		others, withDist, co bool
+		loose                []string
+	)
+	err := c.query(ctx, func(q querier) error {
+		return q.QueryRow(ctx, c.base.stmts.checkCitus, c.base.table, c.base.colocateWith).
+			Scan(&column, &others, &loose, &with, &withDist, &co)
+	})
+	if err != nil {
+		return err
+	}
+	table, want := c.base.table, c.base.colocateWith
+	redistribute := fmt.Sprintf("schema.ApplyDistributed(ctx, pool, %q, %q), or psql -f schema/distributed/001_idempotency_keys_distribute.sql with idem.colocate_with set (docs/SCALING.md)", table, want)
+	switch {
+	case column == nil && (others || want != ""):
+		add("idem: the key table %s is not distributed, while the database has distributed tables (Citus): a call's key would live on the coordinator and its work on a worker, one transaction over two nodes; distribute it by scope, colocated with the tenant's tables: %s", table, redistribute)
+	case column != nil && *column != "scope":
+		add("idem: the key table %s is distributed by %s; idem names a key's shard by scope: recreate it and distribute it by scope (%s)", table, *column, redistribute)
+	}
+	if column != nil && len(loose) > 0 {
+		add("idem: the tables of unfinished operations (%s) are not all distributed by scope in the key table's colocation group: an operation's statements would span nodes; %s", strings.Join(loose, ", "), redistribute)
+	}
+	switch {
+	case want == "":
+	case with == nil:
+		add("idem: Config.ColocateWith names %s, which does not exist as this session's search_path resolves it", want)
+	case !withDist:
+		add("idem: Config.ColocateWith names %s, which is not a hash-distributed table: distribute it by the tenant first (create_distributed_table), then the key table with it", *with)
+	case column != nil && !co:
+		add("idem: the key table %s is not colocated with %s (Config.ColocateWith): a call's key and the tenant's rows live on different shards, and a call that writes them is a transaction over several nodes; move the key tables into its colocation group: SELECT update_distributed_table_colocation(t, colocate_with => '%s') for t in %s and its _operations and _steps tables", table, *with, *with, table)
+	}
+	return nil
 }

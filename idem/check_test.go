@@ -76,6 +76,13 @@ func TestCheck(t *testing.T) {
 		exec(t, "ALTER TABLE check_oldstatus DROP CONSTRAINT check_oldstatus_status_check, ADD CONSTRAINT check_oldstatus_status_check CHECK (status IN ('in_progress', 'completed', 'refused'))")
 		wantProblem(t, client(t, "check_oldstatus").Check(ctx), "does not admit 'unfinished'")
 	})
+	t.Run("colocation without Citus", func(t *testing.T) {
+		c, err := idem.NewClient(pool, &idem.Config{ColocateWith: "accounts"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantProblem(t, c.Check(ctx), "Config.ColocateWith names accounts", "no Citus extension")
+	})
 	t.Run("missing table", func(t *testing.T) {
 		wantProblem(t, client(t, "check_missing").Check(ctx), "check_missing does not exist", "schema.ApplyTable", "idem migrate")
 	})

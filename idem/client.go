@@ -105,6 +105,17 @@ type Config struct {
 	// else bounds a silent client: TCP keepalives, tcp_user_timeout and
 	// client_connection_check_interval.
 	IdleTimeout time.Duration
+
+	// ColocateWith names, on a Citus cluster, the distributed business
+	// table whose shards the key table must share: the table given to
+	// schema.ApplyDistributed, distributed by the tenant that a call's scope
+	// names, as the session's search_path resolves it (to_regclass).
+	// Client.Check then reports a key table that is not colocated with it,
+	// and a database without Citus. Only Check reads it, so it does not make NewClient's pool
+	// refuse calls bare. Defaults to none: Check still reports a key table
+	// that is not distributed while other tables are, but cannot tell which
+	// colocation group is the tenant's.
+	ColocateWith string
 }
 
 // A Client is a deployment's pool and its Config, checked once. It is a
@@ -175,6 +186,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		s.idle = idleSetting(cfg.IdleTimeout)
 	}
 	s.sealer, s.observer, s.logger = cfg.Sealer, cfg.Observer, cfg.Logger
+	s.colocateWith = cfg.ColocateWith
 	if !s.isDefault() {
 		markConfigured(pool)
 	}

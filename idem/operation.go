@@ -133,7 +133,8 @@ type Resumer interface {
 // finished, Do with its key and request hash replays its answer.
 //
 // Operations need the Client of a pool (NewClient, not On) and the plain
-// table layout.
+// table layout, which on a Citus cluster may be distributed
+// (schema.ApplyDistributed; docs/SCALING.md).
 // While owners work, the Operation keeps one connection of its own beside
 // the pool, opened with the pool's settings and hooks (BeforeConnect,
 // AfterConnect), on which it renews their leases; it closes it shortly
@@ -149,8 +150,9 @@ type Operation[Req, Resp any] struct {
 	lease  time.Duration
 	// renewer renews the leases of this operation's owners at work.
 	renewer *renewer
-	// plain is set once the table was found to have the plain layout.
-	plain atomic.Bool
+	// stmts is the key table's statement set, once checkLayout found the
+	// plain layout: the Client's own, or its Citus set (distributed).
+	stmts atomic.Pointer[statements]
 }
 
 // NewOperation returns the operation name, which runs fn with the Client c
@@ -187,7 +189,7 @@ func NewOperation[Req, Resp any](c *Client, name string, fn func(s *Steps, req R
 		return nil, fmt.Errorf("NewOperation %q: the result: %w", name, err)
 	}
 	o := &Operation[Req, Resp]{client: c, pool: pool, name: name, fn: fn, lease: DefaultLease,
-		renewer: newRenewer(pool, c.base.stmts.op.renew)}
+		renewer: newRenewer(pool)}
 	if cfg != nil {
 		o.cfg = *cfg
 	}
@@ -317,9 +319,11 @@ func (o *Operation[Req, Resp]) request(req Req) ([]byte, string, error) {
 // it. req is nil for Resume, which takes the stored request.
 func (o *Operation[Req, Resp]) settle(ctx context.Context, c *call, req *Req, reqData []byte) (Resp, Outcome, error) {
 	var zero Resp
-	if err := o.checkLayout(ctx); err != nil {
+	stmts, err := o.checkLayout(ctx)
+	if err != nil {
 		return zero, OutcomeFailed, err
 	}
+	c.stmts = stmts
 	// One retry: a key that a Do completed between operation_lock.sql's snapshot
 	// and its lock is seen by the next look.
 	for range 2 {
@@ -378,20 +382,28 @@ func outcomeOf(err error) Outcome {
 	return OutcomeFailed
 }
 
-// checkLayout refuses a partitioned key table, once per Operation.
-func (o *Operation[Req, Resp]) checkLayout(ctx context.Context) error {
-	if o.plain.Load() {
-		return nil
+// checkLayout refuses a partitioned key table, and returns the statement
+// set of the table's layout: the Client's own, or its Citus set on a
+// database with the Citus extension. It asks once per Operation.
+func (o *Operation[Req, Resp]) checkLayout(ctx context.Context) (*statements, error) {
+	if s := o.stmts.Load(); s != nil {
+		return s, nil
 	}
-	var partitioned bool
-	if err := o.pool.QueryRow(ctx, o.client.base.stmts.op.layout).Scan(&partitioned); err != nil {
-		return tableError(o.client.base.table, "operation "+o.name, err)
+	var partitioned, citus bool
+	base := o.client.base.stmts
+	if err := o.pool.QueryRow(ctx, base.op.layout).Scan(&partitioned, &citus); err != nil {
+		return nil, tableError(o.client.base.table, "operation "+o.name, err)
 	}
 	if partitioned {
-		return inputError(ErrInvalidOption, "operation %q: the key table %s is partitioned; operations need the plain layout (schema.Apply), since a partition is dropped whole once its keys expire", o.name, o.client.base.table)
+		return nil, inputError(ErrInvalidOption, "operation %q: the key table %s is partitioned; operations need the plain layout (schema.Apply), since a partition is dropped whole once its keys expire", o.name, o.client.base.table)
 	}
-	o.plain.Store(true)
-	return nil
+	s := base
+	if citus {
+		s = base.distributed
+	}
+	o.renewer.op.Store(&s.op)
+	o.stmts.Store(s)
+	return s, nil
 }
 
 // peeked is what operation_peek.sql found.
@@ -463,6 +475,14 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 	b.Queue(c.stmts.op.lock, c.scope, c.key, c.lockArg).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&locked, &hash, &status, &live)
 	})
+	// On Citus the new token is drawn here and passed to operation_begin or
+	// operation_take, which may not draw it themselves (newOpCitusSQL).
+	var token []any
+	if c.stmts.op.onCitus() {
+		var t int64
+		b.Queue(c.stmts.op.token).QueryRow(func(row pgx.Row) error { return row.Scan(&t) })
+		token = []any{&t}
+	}
 	if err = conn.SendBatch(ctx, &b).Close(); err != nil {
 		return ow, fmt.Errorf("idem: operation %q: lock the key: %w", o.name, err)
 	}
@@ -477,11 +497,11 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 	case isLive:
 		var (
 			free, overdue *bool
-			token         *int64
+			newToken      *int64
 			name, run     *string
 		)
-		_, failed, err := queryCommit(ctx, conn, c.stmts.op.take, []any{c.scope, c.key, o.lease.Microseconds()},
-			&free, &token, &name, &ow.request, &run, &ow.begun, &overdue)
+		_, failed, err := queryCommit(ctx, conn, c.stmts.op.take, append([]any{c.scope, c.key, o.lease.Microseconds()}, token...),
+			&free, &newToken, &name, &ow.request, &run, &ow.begun, &overdue)
 		var pgErr *pgconn.PgError
 		if failed == 0 && errors.As(err, &pgErr) && pgErr.Code == pgerrcode.LockNotAvailable {
 			return ow, ErrInProgress // the owner is inside a database step
@@ -504,10 +524,10 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 			return ow, ErrInProgress
 		case *name != o.name:
 			// operation_take.sql took it: end the lease it took at once.
-			_ = o.release(ctx, c, *token, ErrMismatch)
+			_ = o.release(ctx, c, *newToken, ErrMismatch)
 			return ow, fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, *name, o.name)
 		}
-		ow.token, ow.run, ow.overdue = *token, *run, *overdue
+		ow.token, ow.run, ow.overdue = *newToken, *run, *overdue
 		return ow, nil
 	case !canBegin:
 		return ow, ErrNotFound
@@ -521,9 +541,12 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 	if o.cfg.Deadline > 0 {
 		deadline = o.cfg.Deadline.Microseconds()
 	}
-	args := []any{c.scope, c.key, c.reqHash, c.ttlMicro, o.name, stored, o.lease.Microseconds(), deadline, ow.run}
+	args := append([]any{c.scope, c.key, c.reqHash, c.ttlMicro, o.name, stored, o.lease.Microseconds(), deadline, ow.run}, token...)
 	if o.cfg.OnStart == nil {
 		noRow, failed, err := queryCommit(ctx, conn, c.stmts.op.begin, args, &ow.token)
+		if failed == 0 && errors.Is(c.stmts.op.noRow(err), pgx.ErrNoRows) {
+			return ow, errRaced // on Citus; rolled back
+		}
 		if err := o.ownCommitError(failed, 1, err, "begin"); err != nil {
 			return ow, err
 		}
@@ -535,7 +558,7 @@ func (o *Operation[Req, Resp]) own(ctx context.Context, c *call, reqData []byte,
 		return ow, nil
 	}
 	err = conn.QueryRow(ctx, c.stmts.op.begin, args...).Scan(&ow.token)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(c.stmts.op.noRow(err), pgx.ErrNoRows) {
 		return ow, errRaced
 	}
 	if err != nil {

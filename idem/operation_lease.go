@@ -70,7 +70,9 @@ func (l *lease) stop() {
 // share it.
 type renewer struct {
 	pool *pgxpool.Pool
-	sql  string
+	// op is the statements of the key table's layout, set by checkLayout
+	// before the first owner starts.
+	op atomic.Pointer[opSQL]
 
 	mu      sync.Mutex
 	leases  map[*lease]struct{}
@@ -78,8 +80,8 @@ type renewer struct {
 	wake    chan struct{}
 }
 
-func newRenewer(pool *pgxpool.Pool, sql string) *renewer {
-	return &renewer{pool: pool, sql: sql, leases: map[*lease]struct{}{}, wake: make(chan struct{}, 1)}
+func newRenewer(pool *pgxpool.Pool) *renewer {
+	return &renewer{pool: pool, leases: map[*lease]struct{}{}, wake: make(chan struct{}, 1)}
 }
 
 func (r *renewer) add(l *lease) {
@@ -215,7 +217,11 @@ func (r *renewer) renew(conn *pgx.Conn, batch []*lease) *pgx.Conn {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), length)
 	defer cancel()
-	rows, _ := conn.Query(ctx, r.sql, scopes, keys, tokens, micros)
+	op := r.op.Load()
+	if op.onCitus() {
+		return r.renewEach(ctx, conn, op.renew, batch)
+	}
+	rows, _ := conn.Query(ctx, op.renew, scopes, keys, tokens, micros)
 	lost, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		_ = conn.Close(ctx)
@@ -223,6 +229,28 @@ func (r *renewer) renew(conn *pgx.Conn, batch []*lease) *pgx.Conn {
 	}
 	for _, i := range lost {
 		batch[i-1].lose()
+	}
+	return conn
+}
+
+// renewEach is renew on a Citus cluster: one statement per lease, each
+// routed to its key's shard, all in one pipeline (operation_renew_citus.sql).
+func (r *renewer) renewEach(ctx context.Context, conn *pgx.Conn, sql string, batch []*lease) *pgx.Conn {
+	var b pgx.Batch
+	lost := make([]bool, len(batch))
+	for i, l := range batch {
+		b.Queue(sql, l.scope, l.key, l.token, l.micros).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&lost[i])
+		})
+	}
+	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
+		_ = conn.Close(ctx)
+		return nil
+	}
+	for i, gone := range lost {
+		if gone {
+			batch[i].lose()
+		}
 	}
 	return conn
 }

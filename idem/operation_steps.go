@@ -151,7 +151,12 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		fenced = true
 	)
 	b.Queue("begin")
-	b.Queue(s.c.stmts.op.fence, s.c.scope, s.c.key, s.lease.token, s.lease.micros, s.idle()).QueryRow(func(row pgx.Row) error {
+	args := []any{s.c.scope, s.c.key, s.lease.token, s.lease.micros, s.idle()}
+	citus := s.c.stmts.op.onCitus()
+	if citus {
+		args = args[:4] // the idle timeout goes apart, below
+	}
+	b.Queue(s.c.stmts.op.fence, args...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&set)
 		if errors.Is(err, pgx.ErrNoRows) {
 			fenced = false
@@ -159,6 +164,9 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		}
 		return err
 	})
+	if idle := s.idle(); citus && idle != nil {
+		b.Queue(setIdleTimeoutSQL, idle)
+	}
 	if err := conn.SendBatch(ctx, &b).Close(); err != nil {
 		return zero, fmt.Errorf("idem: step %q: %w", name, err)
 	}
@@ -182,7 +190,7 @@ func runStep[T any](ctx context.Context, s *Steps, name string, fn func(ctx cont
 		return zero, err
 	}
 	var last pgx.Batch
-	last.Queue(s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros)
+	last.Queue(s.c.stmts.op.record, s.c.stmts.op.recordArgs(s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros, s.key.Run)...)
 	last.Queue("commit")
 	failed, err := execAll(conn.SendBatch(ctx, &last), last.Len())
 	switch dbtx.ClassifyCommit(failed, 1, err) {
@@ -270,8 +278,8 @@ func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx 
 	// transaction.
 	rctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	err = s.pool.QueryRow(rctx, s.c.stmts.op.record, s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros).Scan(&one)
-	switch {
+	err = s.pool.QueryRow(rctx, s.c.stmts.op.record, s.c.stmts.op.recordArgs(s.c.scope, s.c.key, s.lease.token, name, data, s.lease.micros, s.key.Run)...).Scan(&one)
+	switch err = s.c.stmts.op.noRow(err); {
 	case errors.Is(err, pgx.ErrNoRows):
 		s.lease.lose()
 		return zero, fmt.Errorf("%w: step %q was not recorded", ErrLeaseLost, name)

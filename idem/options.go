@@ -80,7 +80,9 @@ type settings struct {
 	txOpts pgx.TxOptions
 	// operation is Wrap's: the call's scope is stored encoded with it.
 	operation string
-	err       error
+	// colocateWith is Config.ColocateWith, which only Check reads.
+	colocateWith string
+	err          error
 }
 
 func (s *settings) fail(err error) {

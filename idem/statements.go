@@ -26,6 +26,8 @@ var (
 	layoutSQL string
 	//go:embed sql/sweep_citus.sql
 	sweepCitusSQL string
+	//go:embed sql/record_citus.sql
+	recordCitusSQL string
 
 	//go:embed sql/record_partitioned.sql
 	recordPartitionedSQL string
@@ -62,6 +64,23 @@ var (
 	opStatsSQL string
 	//go:embed sql/operation_layout.sql
 	opLayoutSQL string
+
+	//go:embed sql/operation_token_citus.sql
+	opTokenCitusSQL string
+	//go:embed sql/operation_begin_citus.sql
+	opBeginCitusSQL string
+	//go:embed sql/operation_take_citus.sql
+	opTakeCitusSQL string
+	//go:embed sql/operation_fence_citus.sql
+	opFenceCitusSQL string
+	//go:embed sql/operation_call_citus.sql
+	opCallCitusSQL string
+	//go:embed sql/operation_record_citus.sql
+	opRecordCitusSQL string
+	//go:embed sql/operation_renew_citus.sql
+	opRenewCitusSQL string
+	//go:embed sql/operation_complete_citus.sql
+	opCompleteCitusSQL string
 )
 
 // opSQL is the statements of operations made of steps (operation.go), in
@@ -69,6 +88,37 @@ var (
 type opSQL struct {
 	peek, lock, begin, take, steps, fence, call, record, renew, release, complete string
 	stats, layout                                                                 string
+
+	// token is set on a Citus cluster only (newOpCitusSQL), and marks the
+	// shape its statements share (onCitus): the owning transaction draws
+	// the new token with this statement and passes it to begin and take
+	// (their last argument); the fence leaves the idle timeout to
+	// setIdleTimeoutSQL; record takes the run as its last argument; begin
+	// and record fail with 22012 where the plain ones return no row; and
+	// renew renews one lease per statement, the renewer sending one per
+	// owner in one pipeline.
+	token string
+}
+
+// onCitus reports the statements of a Citus cluster (newOpCitusSQL).
+func (op *opSQL) onCitus() bool { return op.token != "" }
+
+// recordArgs returns the arguments of record.
+func (op *opSQL) recordArgs(scope, key string, token int64, step string, data []byte, micros int64, run string) []any {
+	args := []any{scope, key, token, step, data, micros}
+	if op.onCitus() {
+		args = append(args, run)
+	}
+	return args
+}
+
+// noRow turns the failure by which a statement of Citus's set says what
+// the plain one says with no row (begin, record) into pgx.ErrNoRows.
+func (op *opSQL) noRow(err error) error {
+	if op.onCitus() && isDivisionByZero(err) {
+		return pgx.ErrNoRows
+	}
+	return err
 }
 
 func newOpSQL(t sqltext.Table) opSQL {
@@ -78,6 +128,22 @@ func newOpSQL(t sqltext.Table) opSQL {
 		steps: t.Rewrite(opStepsSQL), renew: t.Rewrite(opRenewSQL), release: t.Rewrite(opReleaseSQL),
 		complete: t.Rewrite(opCompleteSQL), stats: t.Rewrite(opStatsSQL), layout: t.Rewrite(opLayoutSQL),
 	}
+}
+
+// newOpCitusSQL is newOpSQL on a Citus cluster (schema.ApplyDistributed):
+// every statement names the key's shard (scope = $1), so that Citus routes
+// it whole to the node holding it, and an operation's transactions are
+// single-shard ones through any node. Those that write avoid what Citus
+// refuses on distributed tables: volatile functions (nextval,
+// clock_timestamp, set_config) in an UPDATE, non-IMMUTABLE ones in ON
+// CONFLICT and RETURNING, and FOR UPDATE over several shards.
+func newOpCitusSQL(t sqltext.Table) opSQL {
+	op := newOpSQL(t)
+	op.token = t.Rewrite(opTokenCitusSQL)
+	op.begin, op.take = t.Rewrite(opBeginCitusSQL), t.Rewrite(opTakeCitusSQL)
+	op.fence, op.call, op.record = t.Rewrite(opFenceCitusSQL), t.Rewrite(opCallCitusSQL), t.Rewrite(opRecordCitusSQL)
+	op.renew, op.complete = t.Rewrite(opRenewCitusSQL), t.Rewrite(opCompleteCitusSQL)
+	return op
 }
 
 // statements is the SQL of one table, rewritten once and reused: pgx caches
@@ -92,7 +158,7 @@ func newOpSQL(t sqltext.Table) opSQL {
 type statements struct {
 	table                         string
 	lookup, sweep, record, forget string
-	checkOperations               string
+	checkOperations, checkCitus   string
 
 	// The protocols' statements: insert and deferred on the plain set,
 	// part on the partitioned one, citus on Citus's (chooseProtocol).
@@ -100,7 +166,8 @@ type statements struct {
 	deferred deferredSQL
 	part     partitionedSQL
 	citus    citusSQL
-	// op is the statements of operations (plain layout only).
+	// op is the statements of operations (the plain layout, distributed
+	// or not).
 	op opSQL
 
 	// isPartitioned marks the set of the partitioned layout, isCitus the
@@ -130,6 +197,7 @@ func statementsFor(table string) (*statements, error) {
 		record:          t.Rewrite(recordSQL),
 		forget:          t.Rewrite(forgetSQL),
 		checkOperations: t.Rewrite(checkOperationsSQL),
+		checkCitus:      t.Rewrite(checkCitusSQL),
 		insert:          newInsertSQL(t),
 		deferred:        newDeferredSQL(t),
 		op:              newOpSQL(t),
@@ -148,11 +216,11 @@ func statementsFor(table string) (*statements, error) {
 		table:           table,
 		lookup:          s.lookup,
 		sweep:           t.Rewrite(sweepCitusSQL),
-		record:          s.record,
+		record:          t.Rewrite(recordCitusSQL),
 		forget:          s.forget,
 		checkOperations: s.checkOperations,
 		citus:           newCitusSQL(t),
-		op:              s.op,
+		op:              newOpCitusSQL(t),
 		isCitus:         true,
 	}
 	actual, _ := statementCache.LoadOrStore(table, s)

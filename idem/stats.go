@@ -9,8 +9,12 @@ import (
 	"github.com/idemhq/idem/internal/sqltext"
 )
 
-//go:embed sql/stats.sql
-var statsSQL string
+var (
+	//go:embed sql/stats.sql
+	statsSQL string
+	//go:embed sql/stats_citus.sql
+	statsCitusSQL string
+)
 
 // StatsExpiredLimit is the most expired keys Client.Stats counts: past it,
 // Stats.Expired reads StatsExpiredLimit and the sweeper is that far behind
@@ -78,7 +82,9 @@ type Stats struct {
 // catalog figures, the lock table and the expired end of the index on
 // expires_at, never the whole table, and one that counts the unfinished
 // operations (a table that holds only those), so it suits a metrics scrape
-// on a table of millions of keys. It takes no lock and writes nothing. ctx
+// on a table of millions of keys. On a Citus cluster, where the key table on
+// the node a call enters through is an empty shell, a third statement
+// reads the shards' figures and every node's lock table (stats_citus.sql). It takes no lock and writes nothing. ctx
 // governs the statements. A missing key table is an error that says to
 // apply the schema.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
@@ -87,9 +93,17 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("%w: %w", ErrInvalidTable, err)
 	}
 	st := Stats{Table: c.base.table}
-	var oldestMicros int64
+	var (
+		oldestMicros int64
+		citus        bool
+	)
 	err = c.query(ctx, func(q querier) error {
-		return q.QueryRow(ctx, t.Rewrite(statsSQL), StatsExpiredLimit).
+		err := q.QueryRow(ctx, t.Rewrite(statsSQL), StatsExpiredLimit).
+			Scan(&st.Rows, &st.Expired, &st.InProgress, &oldestMicros, &st.TableBytes, &citus)
+		if err != nil || !citus {
+			return err
+		}
+		return q.QueryRow(ctx, t.Rewrite(statsCitusSQL), StatsExpiredLimit).
 			Scan(&st.Rows, &st.Expired, &st.InProgress, &oldestMicros, &st.TableBytes)
 	})
 	if err != nil {

@@ -14,6 +14,9 @@
 -- scales it; 0 for a table without pages, -1 while no VACUUM or ANALYZE
 -- has measured it. Expired keys are counted through the index on
 -- expires_at (index-only once the visibility map covers their pages).
+-- The last column says whether the database has the Citus extension: there
+-- the table on this node is an empty shell, and Client.Stats reads the
+-- shards with stats_citus.sql instead.
 WITH t AS (
     SELECT c.oid, c.reltuples, c.relpages,
            pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages,
@@ -36,5 +39,6 @@ SELECT CASE WHEN t.pages = 0 THEN 0
                               WHERE expires_at <= now() LIMIT $1) AS e),
        held.n,
        coalesce((extract(epoch FROM clock_timestamp() - held.oldest) * 1000000)::bigint, 0),
-       t.bytes
+       t.bytes,
+       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
 FROM t, held

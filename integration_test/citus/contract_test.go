@@ -146,6 +146,9 @@ func singleShard(t *testing.T, n *node, cmds []remoteCommand) {
 	servers := map[string]bool{}
 	for _, c := range cmds {
 		if strings.HasPrefix(c.command, "PREPARE TRANSACTION") || strings.HasPrefix(c.command, "COMMIT PREPARED") {
+			for _, c := range cmds {
+				t.Logf("%s: %.150s", c.server, c.command)
+			}
 			t.Fatalf("a two-phase commit through %s: %s on %s", n.name, c.command, c.server)
 		}
 		if c.server != "local" {
