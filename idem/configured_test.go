@@ -6,10 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemhttp"
 	"github.com/idemhq/idem/testkit/testdb"
-	"github.com/jackc/pgx/v5"
 )
 
 // TestBareDatabaseBesideItsClient checks that a database a Client with

@@ -42,14 +42,14 @@ var (
 	// ErrInvalidTable means a table name (Config.Table, or one given to
 	// schema.ApplyTable) is not a plain, optionally schema-qualified,
 	// lower-case identifier. Nothing was sent to the database.
-	ErrInvalidTable = sentinel.InvalidTable
+	ErrInvalidTable = sentinel.ErrInvalidTable
 
 	// ErrInvalidOption means an option or a Config field was given a value
 	// outside its range (a negative TTL, a nil database), or a call asked for
 	// what its database cannot give (REPEATABLE READ on a partitioned key
 	// table, refused after the first round trip, before fn runs). Nothing was
 	// written.
-	ErrInvalidOption = sentinel.InvalidOption
+	ErrInvalidOption = sentinel.ErrInvalidOption
 
 	// ErrOutcomeUnknown means the connection failed while COMMIT was on its
 	// way: the transaction may or may not have committed, and Do cannot tell.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -90,7 +91,7 @@ func TestProcessBatch(t *testing.T) {
 		b := newBatch("a", "b", "c")
 		res := f.processBatch(t.Context(), c, b)
 		want := []idemconsume.Action{idemconsume.Ack, idemconsume.Retry, idemconsume.Ack}
-		if fmt.Sprint(actions(res)) != fmt.Sprint(want) || res[1].Outcome != idem.OutcomeFailed {
+		if !slices.Equal(actions(res), want) || res[1].Outcome != idem.OutcomeFailed {
 			t.Fatalf("%+v; want ack, retry, ack", res)
 		}
 		if a, b, c := f.effects("batch1", "a"), f.effects("batch1", "b"), f.effects("batch1", "c"); a != 1 || b != 0 || c != 1 {
@@ -108,7 +109,7 @@ func TestProcessBatch(t *testing.T) {
 		c := f.consumer("batch2", nil)
 		b := newBatch("a", "b", "a")
 		res := f.processBatch(t.Context(), c, b)
-		if fmt.Sprint(actions(res)) != "[ack ack ack]" || res[0].Outcome != idem.OutcomeExecuted || res[2].Outcome != idem.OutcomeReplayed {
+		if !slices.Equal(actions(res), []idemconsume.Action{idemconsume.Ack, idemconsume.Ack, idemconsume.Ack}) || res[0].Outcome != idem.OutcomeExecuted || res[2].Outcome != idem.OutcomeReplayed {
 			t.Fatalf("%+v; want the second a replayed", res)
 		}
 		if n := f.effects("batch2", "a"); n != 1 {
@@ -125,7 +126,7 @@ func TestProcessBatch(t *testing.T) {
 			return nil
 		})
 		res := f.processBatch(t.Context(), c, newBatch("a", "b", "c"))
-		if fmt.Sprint(actions(res)) != "[ack ack ack]" || res[1].Outcome != idem.OutcomeRefused {
+		if !slices.Equal(actions(res), []idemconsume.Action{idemconsume.Ack, idemconsume.Ack, idemconsume.Ack}) || res[1].Outcome != idem.OutcomeRefused {
 			t.Fatalf("%+v", res)
 		}
 		if f.effects("batch3", "b") != 0 || f.effects("batch3", "c") != 1 {
@@ -141,7 +142,7 @@ func TestProcessBatch(t *testing.T) {
 		b.ms = append(b.ms, &idemconsume.Message{Payload: []byte("no key")})
 		b.ss = append(b.ss, &settler{})
 		res := f.processBatch(t.Context(), c, b)
-		if fmt.Sprint(actions(res)) != "[ack ack dead_letter dead_letter]" ||
+		if !slices.Equal(actions(res), []idemconsume.Action{idemconsume.Ack, idemconsume.Ack, idemconsume.DeadLetter, idemconsume.DeadLetter}) ||
 			!errors.Is(b.ss[2].reason, idem.ErrMismatch) || !errors.Is(b.ss[3].reason, idemconsume.ErrNoKey) {
 			t.Fatalf("%+v; want c dead-lettered for ErrMismatch, the last for ErrNoKey", res)
 		}
@@ -172,7 +173,7 @@ func TestProcessBatch(t *testing.T) {
 		res := f.processBatch(ctx, c, b)
 		close(release)
 		<-done
-		if fmt.Sprint(actions(res)) != "[ack retry ack]" || res[1].Outcome != idem.OutcomeInProgress || b.ss[1].delay != 50*time.Millisecond {
+		if !slices.Equal(actions(res), []idemconsume.Action{idemconsume.Ack, idemconsume.Retry, idemconsume.Ack}) || res[1].Outcome != idem.OutcomeInProgress || b.ss[1].delay != 50*time.Millisecond {
 			t.Fatalf("%+v; want b retried after InProgressDelay", res)
 		}
 		if f.effects("batch5", "a") != 1 || f.effects("batch5", "c") != 1 {
@@ -293,7 +294,7 @@ func TestProcessBatchStopped(t *testing.T) {
 	b.ms = append(b.ms, &idemconsume.Message{Payload: []byte("no key")})
 	b.ss = append(b.ss, &settler{})
 	res := f.processBatch(ctx, c, b)
-	if fmt.Sprint(actions(res)) != "[retry retry retry dead_letter]" {
+	if !slices.Equal(actions(res), []idemconsume.Action{idemconsume.Retry, idemconsume.Retry, idemconsume.Retry, idemconsume.DeadLetter}) {
 		t.Fatalf("%+v", res)
 	}
 	if got := b.ss[3].settled(); len(got) != 1 {

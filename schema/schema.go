@@ -54,11 +54,11 @@ func Apply(ctx context.Context, db Execer) error {
 // ApplyTable is Apply for a table of another name, optionally
 // schema-qualified ("billing.idempotency_keys"; the schema must exist). The
 // name must be a plain lower-case identifier; otherwise the error wraps
-// sentinel.InvalidTable and nothing is executed.
+// sentinel.ErrInvalidTable and nothing is executed.
 func ApplyTable(ctx context.Context, db Execer, table string) error {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
+		return fmt.Errorf("%w: %w", sentinel.ErrInvalidTable, err)
 	}
 	scripts, err := Files()
 	if err != nil {
@@ -77,7 +77,7 @@ func ApplyTable(ctx context.Context, db Execer, table string) error {
 // expired. table is as for ApplyTable ("" means idempotency_keys).
 //
 // interval must be a whole number of seconds, at least one (an error
-// wrapping sentinel.InvalidOption otherwise); DefaultPartitionInterval, a
+// wrapping sentinel.ErrInvalidOption otherwise); DefaultPartitionInterval, a
 // day, suits production, while tests use a second or two to cross partition
 // boundaries quickly. Keep it near the key TTL: every lookup of a key probes
 // each partition's primary key, so fewer partitions are cheaper.
@@ -94,10 +94,10 @@ func ApplyPartitioned(ctx context.Context, db Execer, table string, interval tim
 	}
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
+		return fmt.Errorf("%w: %w", sentinel.ErrInvalidTable, err)
 	}
 	if interval < time.Second || interval%time.Second != 0 {
-		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", sentinel.InvalidOption, interval)
+		return fmt.Errorf("%w: partition interval %v: want a whole number of seconds, at least one", sentinel.ErrInvalidOption, interval)
 	}
 	scripts, err := PartitionedFiles()
 	if err != nil {
@@ -130,11 +130,11 @@ func ApplyDistributed(ctx context.Context, db Execer, table, colocateWith string
 	}
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
+		return fmt.Errorf("%w: %w", sentinel.ErrInvalidTable, err)
 	}
 	if colocateWith != "" {
 		if _, err := sqltext.ParseTable(colocateWith); err != nil {
-			return fmt.Errorf("%w: colocate with: %w", sentinel.InvalidTable, err)
+			return fmt.Errorf("%w: colocate with: %w", sentinel.ErrInvalidTable, err)
 		}
 	}
 	scripts, err := Files()
@@ -156,7 +156,7 @@ func ApplyDistributed(ctx context.Context, db Execer, table, colocateWith string
 
 func apply(ctx context.Context, db Execer, t sqltext.Table, table string, scripts []File, prelude string) error {
 	if v := reflect.ValueOf(db); db == nil || v.Kind() == reflect.Pointer && v.IsNil() {
-		return fmt.Errorf("%w: schema: nil database (a nil %T)", sentinel.InvalidOption, db)
+		return fmt.Errorf("%w: schema: nil database (a nil %T)", sentinel.ErrInvalidOption, db)
 	}
 	var b strings.Builder
 	// One multi-statement string runs as one implicit transaction: either
@@ -213,7 +213,7 @@ const operationsFile = "002_idempotency_keys_operations.sql"
 func PartitionsSQL(table string) (string, error) {
 	t, err := sqltext.ParseTable(table)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", sentinel.InvalidTable, err)
+		return "", fmt.Errorf("%w: %w", sentinel.ErrInvalidTable, err)
 	}
 	b, err := files.ReadFile("partitioned/002_idempotency_keys_partitions.sql")
 	if err != nil {

@@ -7,8 +7,8 @@ package sentinel
 import "errors"
 
 var (
-	// InvalidTable is idem.ErrInvalidTable.
-	InvalidTable = errors.New("idem: invalid table name")
-	// InvalidOption is idem.ErrInvalidOption.
-	InvalidOption = errors.New("idem: invalid option")
+	// ErrInvalidTable is idem.ErrInvalidTable.
+	ErrInvalidTable = errors.New("idem: invalid table name")
+	// ErrInvalidOption is idem.ErrInvalidOption.
+	ErrInvalidOption = errors.New("idem: invalid option")
 )

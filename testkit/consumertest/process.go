@@ -168,7 +168,8 @@ type instance struct {
 }
 
 func (f *processes) start() (*instance, error) {
-	cmd := exec.Command(f.exe)
+	// Stopped by the storm's SIGKILL, never by a context.
+	cmd := exec.CommandContext(context.Background(), f.exe)
 	cmd.Env = f.env
 	in := &instance{f: f, cmd: cmd, done: make(chan struct{})}
 	cmd.Stderr = &in.stderr
