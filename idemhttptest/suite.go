@@ -46,7 +46,10 @@ type Suite struct {
 	// DB is the database the service uses: the kit looks for the keys it
 	// sent and for traces of rolled-back attempts there, and, unless Faults
 	// is set, makes attempts fail there (see Suite.Run). A *pgxpool.Pool, or
-	// the *idem.Client the service was given.
+	// the *idem.Client the service was given. It must stay open until t
+	// ends, not only until Run returns: the kit cleans up when t ends, after
+	// the test function returned, so close a pool with
+	// t.Cleanup(pool.Close), registered before Run, never with defer.
 	DB idem.Beginner
 
 	// Table is the key table when DB is not an *idem.Client. Defaults to

@@ -30,5 +30,12 @@
 // returns it fails Retries; a Call that drops errors fails FailureNotStored.
 // Each failure says what is wrong.
 //
+// Two things to know. The database must stay open until the test ends (the
+// kit cleans up then, after the test function returned): close the pool
+// with t.Cleanup, not defer. And every scenario sends Suite.Request, under
+// keys of its own: an operation that refuses a second use of one business
+// object (an order paid once) needs Suite.NewRequest, which makes each
+// scenario's request.
+//
 // Package idemhttptest does the same for HTTP handlers behind idemhttp.
 package idemtest

@@ -19,6 +19,19 @@ import (
 type run[Req, Resp any] struct {
 	suite   Suite[Req, Resp]
 	session *kit.Session
+	req     Req // the request of the scenario that runs
+}
+
+// with returns scenario, run with its request: Request, or what NewRequest
+// returns for it.
+func (r *run[Req, Resp]) with(scenario func(t testing.TB)) func(t testing.TB) {
+	return func(t testing.TB) {
+		r.req = r.suite.Request
+		if r.suite.NewRequest != nil {
+			r.req = r.suite.NewRequest(t)
+		}
+		scenario(t)
+	}
 }
 
 // done runs Check after the scenario st.
@@ -43,7 +56,7 @@ func (r *run[Req, Resp]) call(t testing.TB, key string, req Req) (Resp, error) {
 func (r *run[Req, Resp]) settle(t testing.TB, key string) (Resp, error) {
 	deadline := time.Now().Add(kit.Settle)
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
-		v, err := r.call(t, key, r.suite.Request)
+		v, err := r.call(t, key, r.req)
 		if !errors.Is(err, idem.ErrInProgress) || time.Now().After(deadline) {
 			return v, err
 		}
@@ -58,7 +71,7 @@ func (r *run[Req, Resp]) settle(t testing.TB, key string) (Resp, error) {
 // first makes the first call with a new key: it must succeed.
 func (r *run[Req, Resp]) first(t testing.TB, key string) Resp {
 	t.Helper()
-	v, err := r.call(t, key, r.suite.Request)
+	v, err := r.call(t, key, r.req)
 	if err != nil {
 		t.Fatalf("the first call with a new key failed: %v; Request must be a request that Call accepts and executes", err)
 	}
@@ -98,7 +111,7 @@ func (r *run[Req, Resp]) retries(t testing.TB) {
 	digest := r.session.Digest(t)
 	n := r.suite.Retries
 	for i := 1; i <= n; i++ {
-		v, err := r.call(t, key, r.suite.Request)
+		v, err := r.call(t, key, r.req)
 		r.expectSame(t, fmt.Sprintf("retry %d of %d", i, n), first, v, err)
 	}
 	r.session.ExpectEffects(t, before, 1, fmt.Sprintf("for a call and %d retries with its key", n), executedAgain)
@@ -111,7 +124,7 @@ func (r *run[Req, Resp]) lostAnswer(t testing.TB) {
 	sc := r.session.Begin("LostAnswer")
 	key := sc.Key()
 	before := r.session.Effects(t)
-	if _, err := r.call(t, key, r.suite.Request); err != nil {
+	if _, err := r.call(t, key, r.req); err != nil {
 		t.Fatalf("the call whose result the kit drops failed: %v; Request must be a request that Call accepts and executes", err)
 	}
 	sc.Executed()
@@ -120,7 +133,7 @@ func (r *run[Req, Resp]) lostAnswer(t testing.TB) {
 	if err != nil {
 		t.Errorf("the retry after a lost answer failed: %v; want the lost result", err)
 	} else {
-		v, err := r.call(t, key, r.suite.Request)
+		v, err := r.call(t, key, r.req)
 		r.expectSame(t, "a second retry after a lost answer", retry, v, err)
 	}
 	r.session.ExpectEffects(t, before, 1, "for a call whose result was lost and its retries", executedAgain)
@@ -142,7 +155,7 @@ func (r *run[Req, Resp]) concurrent(t testing.TB) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			values[i], _, errs[i] = r.suite.Call(ctx, key, r.suite.Request)
+			values[i], _, errs[i] = r.suite.Call(ctx, key, r.req)
 		})
 	}
 	close(start)
@@ -186,10 +199,10 @@ func (r *run[Req, Resp]) concurrent(t testing.TB) {
 func (r *run[Req, Resp]) changed(t testing.TB) Req {
 	t.Helper()
 	if r.suite.Change != nil {
-		return r.suite.Change(r.suite.Request)
+		return r.suite.Change(r.req)
 	}
 	var zero Req
-	orig, err := json.Marshal(r.suite.Request)
+	orig, err := json.Marshal(r.req)
 	if err != nil {
 		t.Fatalf("the kit changes Request through its JSON form, which failed: %v; set Suite.Change", err)
 	}
@@ -226,7 +239,7 @@ func (r *run[Req, Resp]) changedRequest(t testing.TB) {
 	default:
 		t.Errorf("%s failed with %v, want an error wrapping idem.ErrMismatch", what, err)
 	}
-	v, err = r.call(t, key, r.suite.Request)
+	v, err = r.call(t, key, r.req)
 	r.expectSame(t, "the original request again after the changed one", first, v, err)
 	r.session.ExpectEffects(t, before, 1, "for a call and a changed call with its key", "")
 	r.done(t, sc)
@@ -240,7 +253,7 @@ func (r *run[Req, Resp]) failOnce(t testing.TB, key string) error {
 	if err := fault.Arm(t.Context(), key); err != nil {
 		t.Fatalf("arming the kit's fault: %v", err)
 	}
-	_, err := r.call(t, key, r.suite.Request)
+	_, err := r.call(t, key, r.req)
 	if derr := fault.Disarm(t.Context(), key); derr != nil {
 		t.Fatalf("disarming the kit's fault: %v", derr)
 	}

@@ -34,7 +34,10 @@ type Suite[Req, Resp any] struct {
 	// DB is the database Call uses: the kit looks for the keys it sent and
 	// for traces of rolled-back attempts there, and makes attempts fail
 	// there (see Suite.Run). A *pgxpool.Pool, or the *idem.Client that Call
-	// uses.
+	// uses. It must stay open until t ends, not only until Run returns: the
+	// kit cleans up (its trigger, its keys) when t ends, after the test
+	// function returned, so close a pool with t.Cleanup(pool.Close),
+	// registered before Run, never with defer.
 	DB idem.Beginner
 
 	// Table is the key table when DB is not an *idem.Client. Defaults to
@@ -43,6 +46,14 @@ type Suite[Req, Resp any] struct {
 
 	// Request is the request under test. Call must accept it and succeed.
 	Request Req
+
+	// NewRequest, if set, returns the request for each scenario in place of
+	// Request: an operation that refuses a second use of one business
+	// object (an order that can be paid once) needs an object of its own
+	// per scenario. The kit calls it once as each scenario starts, with the
+	// scenario's t (create the object there), and every call of that
+	// scenario sends what it returned.
+	NewRequest func(t testing.TB) Req
 
 	// Change returns a request that differs from req in what the request
 	// hash covers: the kit calls with it under a used key and expects
@@ -214,11 +225,11 @@ func (s Suite[Req, Resp]) setup(t testing.TB) ([]kit.Scenario, error) {
 	}
 	r := &run[Req, Resp]{suite: s, session: kit.NewSession(t, db, s.Effects)}
 	return []kit.Scenario{
-		{Name: "Retries", Run: r.retries},
-		{Name: "LostAnswer", Run: r.lostAnswer},
-		{Name: "Concurrent", Run: r.concurrent},
-		{Name: "ChangedRequest", Run: r.changedRequest},
-		{Name: "FailureNotStored", Run: r.failureNotStored},
-		{Name: "WritesInTransaction", Run: r.writesInTransaction},
+		{Name: "Retries", Run: r.with(r.retries)},
+		{Name: "LostAnswer", Run: r.with(r.lostAnswer)},
+		{Name: "Concurrent", Run: r.with(r.concurrent)},
+		{Name: "ChangedRequest", Run: r.with(r.changedRequest)},
+		{Name: "FailureNotStored", Run: r.with(r.failureNotStored)},
+		{Name: "WritesInTransaction", Run: r.with(r.writesInTransaction)},
 	}, nil
 }

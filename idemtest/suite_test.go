@@ -3,6 +3,7 @@ package idemtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -257,4 +258,41 @@ func kitObjects(t *testing.T, pool *pgxpool.Pool, table string) (objects, keys i
 		t.Fatal(err)
 	}
 	return objects, keys
+}
+
+// An operation that refuses a second use of one business object (an order
+// paid once) passes with a request of its own per scenario (NewRequest);
+// with one Request for every scenario, all but the first fail.
+func TestNewRequestPerScenario(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	if _, err := s.pool.Exec(t.Context(), `create unique index charges_once on charges (account)`); err != nil {
+		t.Fatal(err)
+	}
+	pay := idem.Wrap(s.pool, "orders.pay", s.charge)
+	fixed := s.suite(pay)
+	results, err := fixed.Results(t.Context())
+	if err != nil && len(results) == 0 {
+		t.Fatal(err)
+	}
+	failed := 0
+	for _, r := range results {
+		if !r.Passed() {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Fatal("one order for every scenario: no scenario failed, want the second use of the order refused")
+	}
+
+	n := 0
+	perScenario := s.suite(pay)
+	perScenario.NewRequest = func(t testing.TB) chargeRequest {
+		n++
+		return chargeRequest{Account: fmt.Sprintf("order-%d", n), Amount: 500}
+	}
+	t.Run("kit", func(t *testing.T) { perScenario.Run(t) })
+	if n != len(scenarios) {
+		t.Errorf("NewRequest called %d times, want once per scenario (%d)", n, len(scenarios))
+	}
 }
