@@ -141,37 +141,6 @@ func TestBlankFieldAccepted(t *testing.T) {
 	}
 }
 
-// Lookup takes no lock that outlives its statement, even on a Client bound
-// to an outer transaction (Client.On): it reads pg_locks to tell a key in
-// progress, so a claim of the key elsewhere is not answered ErrInProgress.
-func TestLookupOnOuterTxTakesNoLock(t *testing.T) {
-	t.Parallel()
-	s := newSetup(t)
-	ctx := context.Background()
-	keys, err := idem.NewClient(s.pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 1, nil }); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := keys.Forget(ctx, "", "k"); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := keys.On(tx).Lookup(ctx, "", "k"); !errors.Is(err, idem.ErrNotFound) {
-		t.Fatalf("Lookup: %v", err)
-	}
-	_, err = idem.Do(ctx, keys, "k", "h", func(pgx.Tx) (int, error) { return 2, nil })
-	if err != nil {
-		t.Fatalf("a claim after a Lookup (inside an open transaction elsewhere) of a key nobody holds: %v", err)
-	}
-}
-
 // beginOnly is a Beginner that is neither a pool nor a connection and has no
 // BeginTx: a tracing wrapper, say.
 type beginOnly struct{ pool *pgxpool.Pool }
