@@ -30,11 +30,23 @@ import (
 //	steps     operation_steps.sql reads what earlier owners recorded; each step not
 //	          recorded runs (operation_steps.go): a database step in its own
 //	          transaction, BEGIN with operation_fence.sql in one round trip, fn,
-//	          then operation_record.sql with COMMIT in another; an external step
-//	          with no transaction open, recorded by operation_record.sql after the
-//	          call
-//	complete  operation_complete.sql, one statement: the answer under the key, the
-//	          operation's state deleted, fenced by the token
+//	          then operation_record.sql and operation_pending.sql (the lease as
+//	          the idle timeout) in another, and left pending: its COMMIT
+//	          travels with what comes next. An external step runs with no
+//	          transaction open, after its fence (operation_call.sql) committed,
+//	          in the pending step's transaction if there is one; its output is
+//	          recorded (operation_record.sql) in the next transaction the
+//	          owner commits
+//	complete  operation_complete.sql: the answer under the key, the operation's
+//	          state deleted, fenced by the token; with COMMIT in the pending
+//	          step's transaction, or one statement of its own
+//
+// So a charge (reserve, the processor's call, receipt) commits three times:
+// the beginning, the reserve with the call's fence, the receipt with the
+// call's output and the answer. A pending step holds the operation's row: an
+// owner paused with one loses it within its lease (the server ends the
+// idle transaction, and the step rolls back), and a live owner that does
+// not go on within a third of its lease has it committed by a timer.
 //
 // The owner renews its lease (operation_renew.sql) while it works and ends it
 // (operation_release.sql) when it stops on an error, so that a retry resumes at

@@ -113,6 +113,18 @@ func (k StepKind) String() string {
 // step runs, and an owner that lost its lease gets ErrLeaseLost before fn
 // runs. Config.IdleTimeout bounds its pauses as it does Do's.
 //
+// When fn returns, the transaction is left pending, and commits with what
+// the owner does next: the next step's BEGIN, the next external step's
+// fence, or the operation's answer (so a last step and the answer commit
+// together). While pending, the session's idle timeout is the lease: an
+// owner paused there past its lease has the step rolled back by the server
+// and loses the operation, as one paused between steps does; a live owner
+// that does not go on within a third of the lease has it committed by a
+// timer. A COMMIT that fails is reported by what carried it (the next
+// Step, External, or Run), and the run stops there; a run that stops
+// without an answer commits its pending step, unless fn panicked or the
+// lease was lost (then it rolls back).
+//
 // An error from fn rolls the step back and is returned as it is: the
 // operation's function decides (return a *Refusal to store it as the
 // answer; any other error leaves the operation unfinished, to be continued
@@ -432,8 +444,11 @@ func (s *Steps) settle(ctx context.Context, keep bool) error {
 // it acts once however often the call is repeated; and it is new for each
 // run, so a request that reuses the operation's key after the key expired
 // or was forgotten never meets the old request's effects at the service.
-// fn's output is recorded once fn returns; a step recorded in this run
-// returns its recorded output without calling fn.
+// fn's output is recorded, under the owner's fence, in the next
+// transaction the owner commits: the next step's, the next external step's
+// fence, or the answer's; until then the step is begun and unrecorded, as
+// while its call is in flight. A step recorded in this run returns its
+// recorded output without calling fn.
 //
 // Right before fn is called, one statement checks the owner's fencing
 // token, renews the lease and marks the step begun: an owner that lost the
@@ -445,8 +460,9 @@ func (s *Steps) settle(ctx context.Context, keep bool) error {
 // and the owner stops. Keep fn's own timeout below OperationConfig.Lease.
 //
 // fn is called again, with the same key, only when its output was not
-// recorded: the owner died or lost its lease after the service acted and
-// before the record, or the record's reply was lost (ErrOutcomeUnknown).
+// recorded: the owner died, paused past its lease or lost it after the
+// service acted and before its next commit, or that commit's reply was lost
+// (ErrOutcomeUnknown).
 // An owner that lost its lease records nothing: External returns
 // ErrLeaseLost, and the output the other owner records is the one that
 // counts. An error from fn is returned as it is and records nothing.
