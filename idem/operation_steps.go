@@ -120,10 +120,12 @@ func (k StepKind) String() string {
 // owner paused there past its lease has the step rolled back by the server
 // and loses the operation, as one paused between steps does; a live owner
 // that does not go on within a third of the lease has it committed by a
-// timer. A COMMIT that fails is reported by what carried it (the next
-// Step, External, or Run), and the run stops there; a run that stops
-// without an answer commits its pending step, unless fn panicked or the
-// lease was lost (then it rolls back).
+// timer. Until it commits, its writes are not visible to other
+// connections, and rows it locked stay locked: read them in a later step,
+// not from the pool between steps. A COMMIT that fails is reported by what
+// carried it (the next Step, External, or Run), and the run stops there;
+// a run that stops without an answer commits its pending step, unless fn
+// panicked or the lease was lost (then it rolls back).
 //
 // An error from fn rolls the step back and is returned as it is: the
 // operation's function decides (return a *Refusal to store it as the
@@ -586,18 +588,20 @@ func (s *Steps) fence(ctx context.Context, name string) error {
 	}
 	if err != nil {
 		rollbackConn(ctx, conn)
-		if p != nil && failed == 0 {
-			return s.pendingError(p, failed, err)
-		}
 		switch dbtx.ClassifyCommit(failed, commitAt, err) {
 		case dbtx.Committed:
 		case dbtx.Unknown:
 			// Whether the fence committed is unknown: nothing is called, and
 			// the step, if begun, is for Unrecorded and the next owner.
 			s.broken = fmt.Errorf("%w: step %q: fence: %w", ErrOutcomeUnknown, name, err)
+			if p != nil {
+				s.broken = fmt.Errorf("%w: step %q and the fence of step %q: %w", ErrOutcomeUnknown, p.step, name, err)
+			}
 			return s.broken
 		default:
 			if p != nil {
+				// The pending step rolled back with the fence: the run
+				// stops, lest it store an answer without the step.
 				s.broken = s.pendingError(p, 0, err)
 				return s.broken
 			}

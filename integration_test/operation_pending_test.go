@@ -7,9 +7,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 )
@@ -211,4 +215,108 @@ func TestOperationLiveOwnerKeepsItsPendingStep(t *testing.T) {
 		t.Fatalf("the live owner: %v, %v", res.outcome, res.err)
 	}
 	r.settledOnce(key, amount, 1, 1, res.resp)
+}
+
+// txCounter is a pgx tracer that counts the transactions a connection
+// commits: each COMMIT, and each statement sent outside a transaction (an
+// implicit transaction of its own, read-only ones included), as
+// PostgreSQL's xact_commit counts them.
+type txCounter struct{ n atomic.Int64 }
+
+type txStatusKey struct{}
+
+func (c *txCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, txStatusKey{}, conn.PgConn().TxStatus())
+}
+
+func (c *txCounter) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	switch {
+	case d.Err != nil:
+	case d.CommandTag.String() == "COMMIT":
+		c.n.Add(1)
+	case ctx.Value(txStatusKey{}) == byte('I') && conn.PgConn().TxStatus() == 'I':
+		c.n.Add(1)
+	}
+}
+
+func (c *txCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *txCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if d.Err == nil && d.CommandTag.String() == "COMMIT" {
+		c.n.Add(1)
+	}
+}
+
+func (c *txCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A charge (reserve step, processor call, receipt step) commits four
+// transactions: the read-only look that starts every call, the beginning,
+// the reserve with the call's fence, the receipt with the answer. An
+// operation of one step commits three: the look, the beginning, the step
+// with the answer.
+func TestOperationCommitsPerCharge(t *testing.T) {
+	t.Parallel()
+	db := newOpSetup(t, nil)
+	cfg := db.pool.Config().Copy()
+	counter := &txCounter{}
+	cfg.ConnConfig.Tracer = counter
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := idem.NewClient(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	charge, err := idem.NewOperation(client, "charge", boundarySteps(db.proc.Charge, noHooks), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oneStep, err := idem.NewOperation(client, "reserve", func(s *idem.Steps, req chargeReq) (int64, error) {
+		key := s.Key().Key
+		return idem.Step(s, "reserve", func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			_, err := tx.Exec(ctx, "INSERT INTO op_reservations VALUES ($1, $2)", key, req.Amount)
+			return req.Amount, err
+		})
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// The first call of each also checks the table's layout, once.
+	if _, outcome, err := charge.Run(ctx, "k-count-warm", chargeReq{Amount: 1}); outcome != idem.OutcomeExecuted {
+		t.Fatalf("charge: %v, %v", outcome, err)
+	}
+	if _, outcome, err := oneStep.Run(ctx, "k-count-warm1", chargeReq{Amount: 1}); outcome != idem.OutcomeExecuted {
+		t.Fatalf("one step: %v, %v", outcome, err)
+	}
+	const n = 10
+	for _, c := range []struct {
+		name string
+		run  func(key string) (idem.Outcome, error)
+		want int64
+	}{
+		{"charge", func(key string) (idem.Outcome, error) {
+			_, outcome, err := charge.Run(ctx, key, chargeReq{Amount: 5})
+			return outcome, err
+		}, 4},
+		{"one step", func(key string) (idem.Outcome, error) {
+			_, outcome, err := oneStep.Run(ctx, key, chargeReq{Amount: 5})
+			return outcome, err
+		}, 3},
+	} {
+		before := counter.n.Load()
+		for i := range n {
+			if outcome, err := c.run("k-count-" + c.name + strconv.Itoa(i)); outcome != idem.OutcomeExecuted {
+				t.Fatalf("%s: %v, %v", c.name, outcome, err)
+			}
+		}
+		if got := counter.n.Load() - before; got != c.want*n {
+			t.Errorf("%s: %d transactions committed in %d calls; want %d each", c.name, got, n, c.want)
+		}
+	}
 }
