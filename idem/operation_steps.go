@@ -63,7 +63,8 @@ type ExternalCall struct {
 // Unrecorded returns the external steps of this run whose call began (its
 // fence passed, External's first statement) and whose output was never
 // recorded, in the order they began: the owner died, lost its lease or
-// got an error after the call went out, so the provider may have acted
+// got an error after the call went out and before its next commit (which
+// records the call's output, External), so the provider may have acted
 // under Key, or may still act when a call that was already in flight
 // arrives. Compensate undoes by these keys what the operation may have
 // started (a refund or a void by idempotency key, or a look-up at the
