@@ -30,11 +30,23 @@ import (
 //	steps     operation_steps.sql reads what earlier owners recorded; each step not
 //	          recorded runs (operation_steps.go): a database step in its own
 //	          transaction, BEGIN with operation_fence.sql in one round trip, fn,
-//	          then operation_record.sql with COMMIT in another; an external step
-//	          with no transaction open, recorded by operation_record.sql after the
-//	          call
-//	complete  operation_complete.sql, one statement: the answer under the key, the
-//	          operation's state deleted, fenced by the token
+//	          then operation_record.sql and operation_pending.sql (the lease as
+//	          the idle timeout) in another, and left pending: its COMMIT
+//	          travels with what comes next. An external step runs with no
+//	          transaction open, after its fence (operation_call.sql) committed,
+//	          in the pending step's transaction if there is one; its output is
+//	          recorded (operation_record.sql) in the next transaction the
+//	          owner commits
+//	complete  operation_complete.sql: the answer under the key, the operation's
+//	          state deleted, fenced by the token; with COMMIT in the pending
+//	          step's transaction, or one statement of its own
+//
+// So a charge (reserve, the processor's call, receipt) commits three times:
+// the beginning, the reserve with the call's fence, the receipt with the
+// call's output and the answer. A pending step holds the operation's row: an
+// owner paused with one loses it within its lease (the server ends the
+// idle transaction, and the step rolls back), and a live owner that does
+// not go on within a third of its lease has it committed by a timer.
 //
 // The owner renews its lease (operation_renew.sql) while it works and ends it
 // (operation_release.sql) when it stops on an error, so that a retry resumes at
@@ -644,6 +656,7 @@ func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req 
 	finished := false
 	defer func() {
 		if !finished { // a step panicked: free the operation, let the panic go on.
+			_ = s.settle(ctx, false)
 			l.stop()
 			_ = o.release(ctx, c, ow.token, errAbandoned)
 		}
@@ -660,29 +673,36 @@ func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req 
 	finished = true
 	l.stop()
 	if l.lost() {
+		_ = s.settle(ctx, false)
 		return zero, OutcomeFailed, fmt.Errorf("%w: operation %q", ErrLeaseLost, o.name)
 	}
 	fin, stored, err := finishing(ctx, c, v, fnErr)
 	if err != nil {
+		// What the run did stays (Steps.settle).
+		if serr := s.settle(ctx, true); serr != nil && errors.Is(serr, ErrLeaseLost) {
+			return zero, OutcomeFailed, serr
+		}
 		_ = o.release(ctx, c, ow.token, err)
 		return zero, OutcomeFailed, err
 	}
 	if err := ctx.Err(); err != nil {
 		// Nothing is sent, and nothing is in doubt: the pool would refuse
 		// a connection with ctx's error, which reads as unknown, and the
-		// operation would stay held until its lease ran out.
+		// operation would stay held until its lease ran out. What the run
+		// did stays, as it would had each step committed on its own.
+		_ = s.settle(ctx, true)
 		_ = o.release(ctx, c, ow.token, err)
 		return zero, OutcomeFailed, err
 	}
-	var n int
-	err = o.pool.QueryRow(ctx, c.stmts.op.complete, c.scope, c.key, ow.token,
-		statusArg(fin.status), fin.response, fin.refusal).Scan(&n)
+	n, err := o.complete(ctx, c, s, ow.token, fin)
 	if err != nil {
-		if dbtx.CommitOutcomeUnknown(err) {
-			return zero, OutcomeUnknown, fmt.Errorf("%w: operation %q: store the answer: %w", ErrOutcomeUnknown, o.name, err)
+		if errors.Is(err, ErrOutcomeUnknown) {
+			return zero, OutcomeUnknown, err
 		}
-		_ = o.release(ctx, c, ow.token, err)
-		return zero, OutcomeFailed, fmt.Errorf("idem: operation %q: store the answer: %w", o.name, err)
+		if !errors.Is(err, ErrLeaseLost) {
+			_ = o.release(ctx, c, ow.token, err)
+		}
+		return zero, OutcomeFailed, err
 	}
 	if n == 0 {
 		return zero, OutcomeFailed, fmt.Errorf("%w: operation %q: the answer was not stored", ErrLeaseLost, o.name)
@@ -691,6 +711,50 @@ func (o *Operation[Req, Resp]) work(ctx context.Context, c *call, ow owned, req 
 		return stored, OutcomeRefused, fnErr
 	}
 	return stored, OutcomeExecuted, nil
+}
+
+// complete stores the answer (operation_complete.sql): with COMMIT in the
+// pending step's transaction if there is one, so that the last step and
+// the answer commit together, and as a statement of its own otherwise. The
+// outputs held since the last external calls are not recorded: the answer
+// deletes every step's record.
+func (o *Operation[Req, Resp]) complete(ctx context.Context, c *call, s *Steps, token int64, fin finish) (int, error) {
+	p, err := s.take()
+	if err != nil {
+		return 0, err
+	}
+	s.held = nil
+	args := []any{c.scope, c.key, token, statusArg(fin.status), fin.response, fin.refusal}
+	var n int
+	if p == nil {
+		err := o.pool.QueryRow(ctx, c.stmts.op.complete, args...).Scan(&n)
+		switch {
+		case err != nil && dbtx.CommitOutcomeUnknown(err):
+			return 0, fmt.Errorf("%w: operation %q: store the answer: %w", ErrOutcomeUnknown, o.name, err)
+		case err != nil:
+			return 0, fmt.Errorf("idem: operation %q: store the answer: %w", o.name, err)
+		}
+		return n, nil
+	}
+	defer p.conn.Release()
+	conn := p.conn.Conn()
+	_, failed, err := queryCommit(ctx, conn, c.stmts.op.complete, args, &n)
+	if err == nil {
+		return n, nil
+	}
+	rollbackConn(ctx, conn)
+	if failed == 0 {
+		if perr := s.pendingError(p, 0, err); errors.Is(perr, ErrLeaseLost) || errors.Is(perr, ErrOutcomeUnknown) {
+			return 0, perr
+		}
+	}
+	switch dbtx.ClassifyCommit(failed, 1, err) {
+	case dbtx.Committed:
+		return n, nil
+	case dbtx.Unknown:
+		return 0, fmt.Errorf("%w: operation %q: store the answer: %w", ErrOutcomeUnknown, o.name, err)
+	}
+	return 0, fmt.Errorf("idem: operation %q: store the answer (step %q rolled back with it): %w", o.name, p.step, err)
 }
 
 // release ends the owner's lease now, recording why it stopped. It uses

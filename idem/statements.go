@@ -52,6 +52,8 @@ var (
 	opCallSQL string
 	//go:embed sql/operation_record.sql
 	opRecordSQL string
+	//go:embed sql/operation_pending.sql
+	opPendingSQL string
 	//go:embed sql/operation_steps.sql
 	opStepsSQL string
 	//go:embed sql/operation_renew.sql
@@ -86,8 +88,8 @@ var (
 // opSQL is the statements of operations made of steps (operation.go), in
 // the order a run sends them.
 type opSQL struct {
-	peek, lock, begin, take, steps, fence, call, record, renew, release, complete string
-	stats, layout                                                                 string
+	peek, lock, begin, take, steps, fence, call, record, pending, renew, release, complete string
+	stats, layout                                                                          string
 
 	// token is set on a Citus cluster only (newOpCitusSQL), and marks the
 	// shape its statements share (onCitus): the owning transaction draws
@@ -124,7 +126,7 @@ func (op *opSQL) noRow(err error) error {
 func newOpSQL(t sqltext.Table) opSQL {
 	return opSQL{
 		peek: t.Rewrite(opPeekSQL), lock: t.Rewrite(opLockSQL), begin: t.Rewrite(opBeginSQL),
-		take: t.Rewrite(opTakeSQL), fence: t.Rewrite(opFenceSQL), call: t.Rewrite(opCallSQL), record: t.Rewrite(opRecordSQL),
+		take: t.Rewrite(opTakeSQL), fence: t.Rewrite(opFenceSQL), call: t.Rewrite(opCallSQL), record: t.Rewrite(opRecordSQL), pending: opPendingSQL,
 		steps: t.Rewrite(opStepsSQL), renew: t.Rewrite(opRenewSQL), release: t.Rewrite(opReleaseSQL),
 		complete: t.Rewrite(opCompleteSQL), stats: t.Rewrite(opStatsSQL), layout: t.Rewrite(opLayoutSQL),
 	}

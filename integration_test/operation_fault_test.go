@@ -32,8 +32,11 @@ import (
 //
 //	before  before the step's transaction begins
 //	inside  in the step's function, after its write, before its record
-//	commit  the step's COMMIT reached the server; its answer is lost
-//	after   after COMMIT's answer, before the next step (or, after
+//	commit  the COMMIT that carries the step (with the next step's BEGIN,
+//	        the call's fence, or the answer) reached the server; its
+//	        answer is lost
+//	after   the step returned, its transaction pending (its COMMIT
+//	        travels with what comes next), before the next step (or, after
 //	        receipt, before the answer is stored)
 //
 // and for the external step: before the processor acts (its before hook),
@@ -115,7 +118,7 @@ func (b opBoundary) String() string {
 	case b.where == "commit":
 		return b.step + ": COMMIT's answer lost"
 	}
-	return b.step + ": after COMMIT"
+	return b.step + ": after it returned"
 }
 
 // point is the hook of boundarySteps where the fault is set off; with
@@ -162,9 +165,17 @@ func mayFinish(b opBoundary, f opFault) bool {
 // provider's call (the second with the same derived key), one when the
 // call's answer was recorded before the fault, or the fault came before
 // the call and stopped it, and either when it is not known which
-// connection the fault's call used.
+// connection the fault's call used. The call's answer is recorded in the
+// receipt's transaction, which commits with the answer: an owner killed
+// around the receipt loses it, and so does a pending receipt whose
+// connection the fault ends; an owner that stops on an error records it
+// before it stops.
 func providerCalls(b opBoundary, f opFault) (lo, hi int) {
 	switch {
+	case b.step == "receipt" && b.where != "commit" && f == faultKill:
+		return 2, 2
+	case b.step == "receipt" && b.where == "after" && (f == faultCut || f == faultTerminate):
+		return 2, 2
 	case b.step == "charge" && f == faultTerminate:
 		return 1, 2
 	case b.step == "charge":

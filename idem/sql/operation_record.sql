@@ -1,8 +1,10 @@
 -- operation_record: records a step's output. A database step sends it inside its
 -- own transaction, after op_fence.sql, so the output commits with the
--- step's writes; an external step sends it on its own, after the call,
--- and the fence is in the statement: an owner that lost its lease records
--- nothing, and its caller repeats the call with the same derived key.
+-- step's writes; an external step's output is sent after the call, in the
+-- next transaction the owner commits (the next step's, or the next call's
+-- fence), and the fence is in the statement: an owner that lost its lease
+-- records nothing, and its caller repeats the call with the same derived
+-- key.
 --   $1 scope   $2 key   $3 token   $4 step   $5 output
 --   $6 lease in microseconds
 -- Returns one row when recorded, none when the token is no longer the

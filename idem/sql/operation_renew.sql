@@ -6,8 +6,10 @@
 -- Returns the index (from 1) of each owner whose token is no longer its
 -- operation's: another owner took it over, or it was forgotten. A row that
 -- a transaction holds is skipped, not waited for: its owner's database
--- step holds it (op_fence.sql renewed the lease, and no takeover passes
--- that lock), or a takeover or Forget is deciding, and the next renewal
+-- step holds it, running or pending (op_fence.sql and op_record.sql
+-- renewed the lease, no takeover passes that lock, and a pending step
+-- commits within a third of the lease, or its session ends within the
+-- lease), or a takeover or Forget is deciding, and the next renewal
 -- sees what it decided. A lease that has ended is not renewed: the owner
 -- released it (op_release.sql) after this round had taken it, and a retry
 -- must not wait a whole lease for an owner that stopped.
