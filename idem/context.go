@@ -8,7 +8,18 @@ import (
 	"encoding/hex"
 )
 
-type scopeCtxKey struct{}
+// ctxKey is the key under which a context carries idem's value of type T:
+// one key per type (the scope's string, the call's CallKey).
+type ctxKey[T any] struct{}
+
+func withValue[T any](ctx context.Context, v T) context.Context {
+	return context.WithValue(ctx, ctxKey[T]{}, v)
+}
+
+func valueOf[T any](ctx context.Context) (T, bool) {
+	v, ok := ctx.Value(ctxKey[T]{}).(T)
+	return v, ok
+}
 
 // ContextWithScope returns a context that carries scope: Do, Run, Wrap and
 // idemhttp store and look up keys of calls made with it in that namespace.
@@ -19,15 +30,12 @@ type scopeCtxKey struct{}
 // The scope is checked when a call uses it (see ValidateScope), never here:
 // an invalid scope makes that call fail with ErrInvalidScope.
 func ContextWithScope(ctx context.Context, scope string) context.Context {
-	return context.WithValue(ctx, scopeCtxKey{}, scope)
+	return withValue(ctx, scope)
 }
 
 // ScopeFromContext returns the scope ContextWithScope put in ctx, and
 // whether there was one.
-func ScopeFromContext(ctx context.Context) (string, bool) {
-	s, ok := ctx.Value(scopeCtxKey{}).(string)
-	return s, ok
-}
+func ScopeFromContext(ctx context.Context) (string, bool) { return valueOf[string](ctx) }
 
 // A CallKey names the key of a call: the scope it is stored under and the
 // key itself. Inside the work of a call, KeyFromContext returns it.
@@ -46,20 +54,13 @@ type CallKey struct {
 	Run string
 }
 
-type keyCtxKey struct{}
-
 // contextWithKey returns a context that carries k, for the work of a call.
-func contextWithKey(ctx context.Context, k CallKey) context.Context {
-	return context.WithValue(ctx, keyCtxKey{}, k)
-}
+func contextWithKey(ctx context.Context, k CallKey) context.Context { return withValue(ctx, k) }
 
 // KeyFromContext returns the key of the call whose work runs with ctx, and
 // whether there is one: inside fn of Run, a method run by Wrap, or a handler
 // run by idemhttp. Do's fn takes no context; it has the key at hand.
-func KeyFromContext(ctx context.Context) (CallKey, bool) {
-	k, ok := ctx.Value(keyCtxKey{}).(CallKey)
-	return k, ok
-}
+func KeyFromContext(ctx context.Context) (CallKey, bool) { return valueOf[CallKey](ctx) }
 
 // Derive returns the idempotency key to send to a downstream service (a
 // payment processor, a bank) for the given purpose ("charge", "settle"):

@@ -135,15 +135,21 @@ func (k StepKind) String() string {
 // ErrOutcomeUnknown; a retry finds the step recorded, or runs it.
 // T must encode and decode as Operation's Resp does.
 func Step[T any](s *Steps, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
-	var zero T
-	if v, ok, err := replayed[T](s, name, StepDatabase); ok || err != nil {
+	return step(s, name, StepDatabase, fn == nil, func(ctx context.Context) (T, error) { return runStep(ctx, s, name, fn) })
+}
+
+// step runs a step of either kind: the output this run recorded for name,
+// if any, else run, observed.
+func step[T any](s *Steps, name string, kind StepKind, noFn bool, run func(context.Context) (T, error)) (T, error) {
+	if v, ok, err := replayed[T](s, name, kind); ok || err != nil {
 		return v, err
 	}
-	if fn == nil {
+	if noFn {
+		var zero T
 		return zero, inputError(ErrInvalidOption, "step %q: nil function", name)
 	}
-	ctx, done := s.observe(name, StepDatabase)
-	v, err := runStep(ctx, s, name, fn)
+	ctx, done := s.observe(name, kind)
+	v, err := run(ctx)
 	done(err)
 	return v, err
 }
@@ -483,17 +489,7 @@ func (s *Steps) settle(ctx context.Context, keep bool) error {
 // ErrLeaseLost, and the output the other owner records is the one that
 // counts. An error from fn is returned as it is and records nothing.
 func External[T any](s *Steps, name string, fn func(ctx context.Context, key string) (T, error)) (T, error) {
-	var zero T
-	if v, ok, err := replayed[T](s, name, StepExternal); ok || err != nil {
-		return v, err
-	}
-	if fn == nil {
-		return zero, inputError(ErrInvalidOption, "step %q: nil function", name)
-	}
-	ctx, done := s.observe(name, StepExternal)
-	v, err := runExternal(ctx, s, name, fn)
-	done(err)
-	return v, err
+	return step(s, name, StepExternal, fn == nil, func(ctx context.Context) (T, error) { return runExternal(ctx, s, name, fn) })
 }
 
 func runExternal[T any](ctx context.Context, s *Steps, name string, fn func(ctx context.Context, key string) (T, error)) (T, error) {

@@ -1,12 +1,9 @@
 package idem
 
 import (
-	_ "embed"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemhq/idem/internal/sqltext"
 )
 
 // citusProtocol is the protocol on a database with the Citus extension,
@@ -34,29 +31,9 @@ import (
 // second row of the key, lock or no lock.
 type citusProtocol struct{ stmts *statements }
 
-var (
-	//go:embed sql/claim_citus.sql
-	claimCitusSQL string
-	//go:embed sql/insert_citus.sql
-	insertCitusSQL string
-	//go:embed sql/complete_citus.sql
-	completeCitusSQL string
-)
-
-// citusSQL is citusProtocol's statements for one table.
-type citusSQL struct{ claim, insert, complete string }
-
-func newCitusSQL(t sqltext.Table) citusSQL {
-	return citusSQL{
-		claim:    t.Rewrite(claimCitusSQL),
-		insert:   t.Rewrite(insertCitusSQL),
-		complete: t.Rewrite(completeCitusSQL),
-	}
-}
-
 func (p citusProtocol) queueClaim(b *pgx.Batch, c *call, idle []any, _ bool) {
 	b.Queue(p.stmts.citus.claim, c.scopeArg, c.keyArg, c.lockArg)
-	b.Queue(p.stmts.citus.insert, c.scopeArg, c.keyArg, c.claimArgv[2], c.claimArgv[3])
+	b.Queue(p.stmts.citus.next, c.scopeArg, c.keyArg, c.claimArgv[2], c.claimArgv[3])
 	if idle != nil {
 		b.Queue(setIdleTimeoutSQL, idle...)
 	}
@@ -106,7 +83,7 @@ func (citusProtocol) completeError(err error) error {
 }
 
 func (p citusProtocol) firstTrip() []string {
-	return []string{p.stmts.citus.claim, p.stmts.citus.insert, setIdleTimeoutSQL}
+	return []string{p.stmts.citus.claim, p.stmts.citus.next, setIdleTimeoutSQL}
 }
 
 // claimsInTx: see the type's comment.

@@ -1,12 +1,9 @@
 package idem
 
 import (
-	_ "embed"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemhq/idem/internal/sqltext"
 )
 
 // insertProtocol is the card's shape: the claim inserts the key's row
@@ -26,30 +23,10 @@ import (
 // back whatever the claim did not claim.
 type insertProtocol struct{ stmts *statements }
 
-var (
-	//go:embed sql/claim.sql
-	claimSQL string
-	//go:embed sql/assert_claimed.sql
-	assertClaimedSQL string
-	//go:embed sql/complete.sql
-	completeSQL string
-)
-
-// insertSQL is insertProtocol's statements for one table.
-type insertSQL struct{ claim, assert, complete string }
-
-func newInsertSQL(t sqltext.Table) insertSQL {
-	return insertSQL{
-		claim:    t.Rewrite(claimSQL),
-		assert:   t.Rewrite(assertClaimedSQL),
-		complete: t.Rewrite(completeSQL),
-	}
-}
-
 func (p insertProtocol) queueClaim(b *pgx.Batch, c *call, idle []any, inTx bool) {
 	b.Queue(p.stmts.insert.claim, c.claimArgs()...)
 	if !inTx {
-		b.Queue(p.stmts.insert.assert, c.scopeArg, c.keyArg)
+		b.Queue(p.stmts.insert.next, c.scopeArg, c.keyArg)
 	}
 	if idle != nil {
 		b.Queue(setIdleTimeoutSQL, idle...)
@@ -81,7 +58,7 @@ func (insertProtocol) completeError(err error) error {
 }
 
 func (p insertProtocol) firstTrip() []string {
-	return []string{p.stmts.insert.claim, p.stmts.insert.assert, setIdleTimeoutSQL}
+	return []string{p.stmts.insert.claim, p.stmts.insert.next, setIdleTimeoutSQL}
 }
 
 func (insertProtocol) claimsInTx() bool { return false }

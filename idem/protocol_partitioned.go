@@ -1,11 +1,7 @@
 package idem
 
 import (
-	_ "embed"
-
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemhq/idem/internal/sqltext"
 )
 
 // partitionedProtocol is insertProtocol for the partitioned layout
@@ -23,29 +19,9 @@ import (
 //	last round trip: [ROLLBACK TO SAVEPOINT idem_work;] complete_partitioned; COMMIT
 type partitionedProtocol struct{ stmts *statements }
 
-var (
-	//go:embed sql/claim_partitioned.sql
-	claimPartitionedSQL string
-	//go:embed sql/assert_claimed_partitioned.sql
-	assertClaimedPartitionedSQL string
-	//go:embed sql/complete_partitioned.sql
-	completePartitionedSQL string
-)
-
-// partitionedSQL is partitionedProtocol's statements for one table.
-type partitionedSQL struct{ claim, assert, complete string }
-
-func newPartitionedSQL(t sqltext.Table) partitionedSQL {
-	return partitionedSQL{
-		claim:    t.Rewrite(claimPartitionedSQL),
-		assert:   t.Rewrite(assertClaimedPartitionedSQL),
-		complete: t.Rewrite(completePartitionedSQL),
-	}
-}
-
 func (p partitionedProtocol) queueClaim(b *pgx.Batch, c *call, idle []any, _ bool) {
 	b.Queue(p.stmts.part.claim, c.claimArgs()...)
-	b.Queue(p.stmts.part.assert, c.scopeArg, c.keyArg)
+	b.Queue(p.stmts.part.next, c.scopeArg, c.keyArg)
 	if idle != nil {
 		b.Queue(setIdleTimeoutSQL, idle...)
 	}
@@ -88,7 +64,7 @@ func (partitionedProtocol) completeError(err error) error {
 }
 
 func (p partitionedProtocol) firstTrip() []string {
-	return []string{p.stmts.part.claim, p.stmts.part.assert, setIdleTimeoutSQL}
+	return []string{p.stmts.part.claim, p.stmts.part.next, setIdleTimeoutSQL}
 }
 
 // errRepeatableRead refuses a call at REPEATABLE READ on a partitioned

@@ -14,6 +14,26 @@ import (
 )
 
 var (
+	// The protocols' statements (protocol_*.go).
+	//go:embed sql/claim.sql
+	claimSQL string
+	//go:embed sql/assert_claimed.sql
+	assertClaimedSQL string
+	//go:embed sql/complete.sql
+	completeSQL string
+	//go:embed sql/claim_partitioned.sql
+	claimPartitionedSQL string
+	//go:embed sql/assert_claimed_partitioned.sql
+	assertClaimedPartitionedSQL string
+	//go:embed sql/complete_partitioned.sql
+	completePartitionedSQL string
+	//go:embed sql/claim_citus.sql
+	claimCitusSQL string
+	//go:embed sql/insert_citus.sql
+	insertCitusSQL string
+	//go:embed sql/complete_citus.sql
+	completeCitusSQL string
+
 	//go:embed sql/lookup.sql
 	lookupSQL string
 	//go:embed sql/sweep.sql
@@ -164,10 +184,10 @@ type statements struct {
 
 	// The protocols' statements: insert and deferred on the plain set,
 	// part on the partitioned one, citus on Citus's (chooseProtocol).
-	insert   insertSQL
+	insert   protocolSQL
 	deferred deferredSQL
-	part     partitionedSQL
-	citus    citusSQL
+	part     protocolSQL
+	citus    protocolSQL
 	// op is the statements of operations (the plain layout, distributed
 	// or not).
 	op opSQL
@@ -200,7 +220,7 @@ func statementsFor(table string) (*statements, error) {
 		forget:          t.Rewrite(forgetSQL),
 		checkOperations: t.Rewrite(checkOperationsSQL),
 		checkCitus:      t.Rewrite(checkCitusSQL),
-		insert:          newInsertSQL(t),
+		insert:          newProtocolSQL(t, claimSQL, assertClaimedSQL, completeSQL),
 		deferred:        newDeferredSQL(t),
 		op:              newOpSQL(t),
 	}
@@ -210,7 +230,7 @@ func statementsFor(table string) (*statements, error) {
 		record:          t.Rewrite(recordPartitionedSQL),
 		forget:          s.forget,
 		checkOperations: s.checkOperations,
-		part:            newPartitionedSQL(t),
+		part:            newProtocolSQL(t, claimPartitionedSQL, assertClaimedPartitionedSQL, completePartitionedSQL),
 		op:              s.op,
 		isPartitioned:   true,
 	}
@@ -221,7 +241,7 @@ func statementsFor(table string) (*statements, error) {
 		record:          t.Rewrite(recordCitusSQL),
 		forget:          s.forget,
 		checkOperations: s.checkOperations,
-		citus:           newCitusSQL(t),
+		citus:           newProtocolSQL(t, claimCitusSQL, insertCitusSQL, completeCitusSQL),
 		op:              newOpCitusSQL(t),
 		isCitus:         true,
 	}
@@ -398,4 +418,14 @@ func prepareFirstTrip(ctx context.Context, conn *pgx.Conn, p protocol, setTx []s
 		st.preparedSQL[sql] = true
 	}
 	return nil
+}
+
+// protocolSQL is one protocol's statements for one table (protocol_*.go):
+// the claim, the statement that follows it in the claim's round trip (the
+// assertion that the claim inserted the row; on Citus, the insertion) and
+// the completion.
+type protocolSQL struct{ claim, next, complete string }
+
+func newProtocolSQL(t sqltext.Table, claim, next, complete string) protocolSQL {
+	return protocolSQL{claim: t.Rewrite(claim), next: t.Rewrite(next), complete: t.Rewrite(complete)}
 }
