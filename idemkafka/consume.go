@@ -43,7 +43,10 @@ type Config struct {
 // cl or cfg is unfit, or cl was closed. cl must consume as a group member
 // with kgo.DisableAutoCommit and kgo.BlockRebalanceOnPoll: Consume checks
 // both. When ctx ends, Consume commits what was settled and closes cl,
-// leaving the group.
+// leaving the group. Leaving waits for a rebalance in progress to end, so
+// a shutdown during one can take up to the group's rebalance timeout
+// (kgo.RebalanceTimeout, 60 s by default): set it to what a deployment's
+// shutdown can wait.
 func Consume(ctx context.Context, cl *kgo.Client, p idemconsume.Processor, cfg *Config) error {
 	if err := check(cl, p, cfg); err != nil {
 		return err
