@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -537,5 +538,61 @@ func TestOperationRecordIsFenced(t *testing.T) {
 		if strings.HasPrefix(s, "charge@") {
 			t.Fatalf("steps %v: the owner that lost the operation recorded its charge", r.steps("k-record"))
 		}
+	}
+}
+
+// An external step's output is held until the owner's next commit. When
+// that commit is the next external step's fence and the owner lost the
+// operation meanwhile, the fence refuses it and the held output is not
+// recorded either: each record carries the owner's token, whatever the
+// transaction it travels in.
+func TestOperationHeldOutputIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := newOpRig(t, idem.DefaultLease) // no renewal falls due within the test
+	client, err := idem.NewClient(r.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.proc.after = func(context.Context, string) error {
+		once.Do(func() { close(at) })
+		<-release
+		return nil
+	}
+	notified := 0
+	op, err := idem.NewOperation(client, "charge-and-notify", func(s *idem.Steps, req chargeReq) (chargeResp, error) {
+		id, err := idem.External(s, "charge", func(ctx context.Context, key string) (string, error) {
+			return r.proc.Charge(ctx, key, req.Amount)
+		})
+		if err != nil {
+			return chargeResp{}, err
+		}
+		if _, err := idem.External(s, "notify", func(context.Context, string) (int, error) {
+			notified++
+			return 1, nil
+		}); err != nil {
+			return chargeResp{}, err
+		}
+		return chargeResp{ChargeID: id}, nil
+	}, &idem.OperationConfig[chargeReq, chargeResp]{Lease: r.lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan runResult, 1)
+	go func() { done <- runOp(ctx, op, "k-held", chargeReq{Amount: 5}) }()
+	<-at
+	if _, err := r.pool.Exec(ctx, "UPDATE idempotency_keys_operations SET token = token + 1000000 WHERE idempotency_key = 'k-held'"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	res := <-done
+	if !errors.Is(res.err, idem.ErrLeaseLost) || notified != 0 {
+		t.Fatalf("the owner: %v, %v, notified %d times; want ErrLeaseLost and no notification", res.outcome, res.err, notified)
+	}
+	if steps := r.steps("k-held"); slices.ContainsFunc(steps, func(s string) bool { return strings.HasPrefix(s, "charge@") }) {
+		t.Fatalf("steps %v: the owner that lost the operation recorded its charge", steps)
 	}
 }
