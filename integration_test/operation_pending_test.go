@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -68,23 +67,7 @@ func TestOperationOwnerKilledWithAnOutputHeld(t *testing.T) {
 				return
 			}
 
-			var told [][]idem.ExternalCall
-			var mu sync.Mutex
-			b, err := idem.NewOperation(r.client, "charge", boundarySteps(r.proc.Charge, noHooks),
-				&idem.OperationConfig[chargeReq, chargeResp]{Lease: r.lease, Deadline: time.Millisecond,
-					Compensate: func(s *idem.Steps, _ chargeReq, _ error) (chargeResp, error) {
-						calls := s.Unrecorded()
-						mu.Lock()
-						told = append(told, calls)
-						mu.Unlock()
-						for _, c := range calls {
-							r.proc.Void(c.Key)
-						}
-						return chargeResp{}, idem.Refuse("expired", "not charged")
-					}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			b, compensated := r.voidingCompleter()
 			outcome, err := b.Resume(ctx, "", key)
 			for (outcome == idem.OutcomeInProgress || idem.Retryable(err)) && ctx.Err() == nil {
 				time.Sleep(r.lease / 3)
@@ -93,9 +76,7 @@ func TestOperationOwnerKilledWithAnOutputHeld(t *testing.T) {
 			if outcome != idem.OutcomeRefused || err != nil {
 				t.Fatalf("the completer: %v, %v; want the compensation's refusal stored", outcome, err)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if len(told) != 1 || !slices.Equal(told[0], []idem.ExternalCall{{Step: "charge", Key: first}}) {
+			if told := compensated(); len(told) != 1 || !slices.Equal(told[0], []idem.ExternalCall{{Step: "charge", Key: first}}) {
 				t.Fatalf("Compensate was told %v; want the charge under %s", told, first)
 			}
 			if n := r.proc.charged(); n != 0 || r.proc.callCount() != 1 {

@@ -133,23 +133,7 @@ func compensatedOwner(t *testing.T, r *opRig, key string, inside bool, amount in
 	a.signal(syscall.SIGSTOP)
 	r.leaseEnded(ctx, key)
 
-	var told [][]idem.ExternalCall
-	var mu sync.Mutex
-	b, err := idem.NewOperation(r.client, "charge", boundarySteps(r.proc.Charge, noHooks),
-		&idem.OperationConfig[chargeReq, chargeResp]{Lease: r.lease, Deadline: time.Millisecond,
-			Compensate: func(s *idem.Steps, _ chargeReq, _ error) (chargeResp, error) {
-				calls := s.Unrecorded()
-				mu.Lock()
-				told = append(told, calls)
-				mu.Unlock()
-				for _, c := range calls {
-					r.proc.Void(c.Key)
-				}
-				return chargeResp{}, idem.Refuse("expired", "not charged")
-			}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, compensated := r.voidingCompleter()
 	// The completer's path: Resume, from the stored request, again while
 	// the paused owner's last renewal may still hold the lease.
 	outcome, err := b.Resume(ctx, "", key)
@@ -173,9 +157,8 @@ func compensatedOwner(t *testing.T, r *opRig, key string, inside bool, amount in
 		t.Fatalf("the paused owner, resumed: %+v; want it to fail", stale)
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
 	keys := r.proc.seen()
+	told := compensated()
 	switch {
 	case !inside && (len(keys) != 0 || len(told) != 1 || len(told[0]) != 0):
 		t.Fatalf("paused between steps: processor called with %v, Compensate told %v; want no call, nothing to undo", keys, told)
@@ -594,5 +577,38 @@ func TestOperationHeldOutputIsFenced(t *testing.T) {
 	}
 	if steps := r.steps("k-held"); slices.ContainsFunc(steps, func(s string) bool { return strings.HasPrefix(s, "charge@") }) {
 		t.Fatalf("steps %v: the owner that lost the operation recorded its charge", steps)
+	}
+}
+
+// voidingCompleter is the charge operation as a completer runs it past a
+// deadline that has always passed: its Compensate voids, at the processor,
+// every external step that began and recorded nothing, by the key it was
+// sent, and stores "not charged". compensated returns what each
+// Compensate was told.
+func (r *opRig) voidingCompleter() (op *idem.Operation[chargeReq, chargeResp], compensated func() [][]idem.ExternalCall) {
+	r.t.Helper()
+	var (
+		mu   sync.Mutex
+		told [][]idem.ExternalCall
+	)
+	op, err := idem.NewOperation(r.client, "charge", boundarySteps(r.proc.Charge, noHooks),
+		&idem.OperationConfig[chargeReq, chargeResp]{Lease: r.lease, Deadline: time.Millisecond,
+			Compensate: func(s *idem.Steps, _ chargeReq, _ error) (chargeResp, error) {
+				calls := s.Unrecorded()
+				mu.Lock()
+				told = append(told, calls)
+				mu.Unlock()
+				for _, c := range calls {
+					r.proc.Void(c.Key)
+				}
+				return chargeResp{}, idem.Refuse("expired", "not charged")
+			}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return op, func() [][]idem.ExternalCall {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(told)
 	}
 }
