@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/idemconsume"
@@ -236,6 +237,7 @@ func TestProcessBatchFailsWhole(t *testing.T) {
 			t.Parallel()
 			f := shared.with(t)
 			faulty := true
+			var pid int // the backend that ran the batch
 			var mu sync.Mutex
 			c, err := idemconsume.New(f.pool, &idemconsume.Config{Name: name, MaxDeliveries: 1,
 				Backoff: func(n int) time.Duration { return time.Duration(n) * time.Millisecond }},
@@ -247,6 +249,9 @@ func TestProcessBatchFailsWhole(t *testing.T) {
 					defer mu.Unlock()
 					if string(m.Payload) == "b" && faulty {
 						faulty = false
+						if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+							return err
+						}
 						return tc.fault(t, f, ctx, tx)
 					}
 					return nil
@@ -266,6 +271,9 @@ func TestProcessBatchFailsWhole(t *testing.T) {
 					t.Fatalf("%d effects of %s after a failed batch", n, p)
 				}
 			}
+			// A terminated backend tells its client before it has released
+			// its locks; the broker's redelivery comes later than that.
+			waitIdle(t, f.pool, pid)
 			res = f.processBatch(t.Context(), c, b.redeliver())
 			for _, p := range []string{"a", "b", "c"} {
 				if n := f.effects(name, p); n != 1 {
@@ -273,6 +281,24 @@ func TestProcessBatchFailsWhole(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitIdle waits until the backend pid has ended or is idle, so it holds
+// no lock.
+func waitIdle(t *testing.T, pool *pgxpool.Pool, pid int) {
+	t.Helper()
+	for {
+		var busy bool
+		err := pool.QueryRow(t.Context(),
+			"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle')", pid).Scan(&busy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !busy {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
