@@ -17,11 +17,11 @@ import (
 
 // The operations below have short leases, and their jobs run a little
 // after them, so that the tests wait for River's scheduler rather than
-// for a lease. A lease is still a second, so that a loaded machine does
-// not delay a renewal past the lease of a live owner.
+// for a lease. A lease is still two seconds: a live owner renews every
+// third of one, and a loaded machine must not stall it past a lease.
 const (
-	lease = time.Second
-	after = 1200 * time.Millisecond
+	lease = 2 * time.Second
+	after = 2200 * time.Millisecond
 )
 
 // An operation whose client gave up, at any point of its steps, is

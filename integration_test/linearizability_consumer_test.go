@@ -27,16 +27,23 @@ import (
 const (
 	linConsClients  = 8
 	linConsPoolSize = 3 // fewer connections than deliverers: deliveries queue for one
-	// A new message every linConsKeyStep; each publish picks one of the
-	// linConsWindow messages from the current step on, so every message
-	// is delivered by several deliverers at once, then again as they move
-	// on.
-	linConsKeyStep = 10 * time.Millisecond
+	// A new message every linConsKeyStep publishes; each publish picks one
+	// of the linConsWindow messages from the current step on, so every
+	// message is delivered by several deliverers at once, then again as
+	// they move on. The window slides by publishes, not by the clock: on a
+	// loaded machine a delivery outlasts any step of time, and the window
+	// would pass every message before it was published again.
+	linConsKeyStep = linConsClients
 	linConsWindow  = 4
 	// Every linConsOtherEvery-th message is also published with another
 	// payload, but only once its own was acknowledged: each of those
-	// publishes must be dead-lettered with ErrMismatch.
+	// publishes must be dead-lettered with ErrMismatch. One publish in
+	// linConsOtherOneIn is one of them, under the id of the last such
+	// message acknowledged, rather than when the window happens to pick
+	// such a message again: so every run, however slow its deliveries,
+	// has some once one of them was acknowledged.
 	linConsOtherEvery = 4
+	linConsOtherOneIn = 8
 	// linConsShortRun is the short form's run, in every test run: shorter
 	// than the other workloads', since its keys are few and busy. The long
 	// form and IDEM_LINEARIZABILITY_DURATION run as long as theirs.
@@ -160,9 +167,10 @@ func runLinConsumer(t *testing.T, seed uint64, duration time.Duration) {
 	}
 	reportViolations(t, r.Violations)
 	w.checkMessages(t, final)
-	if r.ByKind[lincheck.Executed] == 0 || r.ByKind[lincheck.Mismatch] == 0 || f.byApp[linConsClientApp] == 0 {
-		t.Errorf("the run proved nothing: %d executions, %d mismatches, %d backends terminated",
-			r.ByKind[lincheck.Executed], r.ByKind[lincheck.Mismatch], f.byApp[linConsClientApp])
+	if r.ByKind[lincheck.Executed] == 0 || r.ByKind[lincheck.Replayed] == 0 || r.ByKind[lincheck.Mismatch] == 0 ||
+		f.byApp[linConsClientApp] == 0 {
+		t.Errorf("the run proved nothing: %d executions, %d replays, %d mismatches, %d backends terminated",
+			r.ByKind[lincheck.Executed], r.ByKind[lincheck.Replayed], r.ByKind[lincheck.Mismatch], f.byApp[linConsClientApp])
 	}
 }
 
@@ -181,6 +189,11 @@ type linConsWorkload struct {
 	details map[string]int
 	// messages holds what became of each message's publishes.
 	messages map[string]*linMessage
+	// publishes counts the publishes so far: the window's position.
+	publishes int
+	// othered holds, in order, the numbers of the messages that get
+	// another payload whose own was acknowledged.
+	othered []int
 	// pending holds the publishes left unsettled when the run ended.
 	pending []*linPublish
 }
@@ -196,6 +209,7 @@ type linMessage struct {
 // is acknowledged or dead-lettered.
 type linPublish struct {
 	key        string
+	n          int  // the message's number
 	other      bool // another payload under the message's id
 	payload    []byte
 	deliveries int // made so far
@@ -292,20 +306,25 @@ func (w *linConsWorkload) run(ctx context.Context) error {
 	return nil
 }
 
-// publish picks a message of the window and publishes it, with another
-// payload only if the message is one of those that get one and its own
-// payload was acknowledged.
+// publish picks a message of the window and publishes it, or now and
+// then publishes another payload under the id of the last message that
+// gets one and whose own payload was acknowledged: it is the most likely
+// to be still in the window, its own payload still being delivered.
 func (w *linConsWorkload) publish(rng *rand.Rand) *linPublish {
-	n := int(time.Since(w.start)/linConsKeyStep) + rng.IntN(linConsWindow)
-	key := fmt.Sprintf("m-%05d", n)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n := w.publishes/linConsKeyStep + rng.IntN(linConsWindow)
+	w.publishes++
+	other := len(w.othered) > 0 && rng.IntN(linConsOtherOneIn) == 0
+	if other {
+		n = w.othered[len(w.othered)-1]
+	}
+	key := fmt.Sprintf("m-%05d", n)
 	m := w.messages[key]
 	if m == nil {
 		m = &linMessage{}
 		w.messages[key] = m
 	}
-	other := n%linConsOtherEvery == 0 && m.acked > 0 && rng.IntN(3) == 0
 	variant := "main"
 	if other {
 		m.others++
@@ -313,7 +332,7 @@ func (w *linConsWorkload) publish(rng *rand.Rand) *linPublish {
 	} else {
 		m.published++
 	}
-	return &linPublish{key: key, other: other, payload: fmt.Appendf(nil, `{"message":%d,"variant":%q}`, n, variant)}
+	return &linPublish{key: key, n: n, other: other, payload: fmt.Appendf(nil, `{"message":%d,"variant":%q}`, n, variant)}
 }
 
 func (w *linConsWorkload) plan(rng *rand.Rand) linConsPlan {
@@ -385,6 +404,9 @@ func (w *linConsWorkload) deliver(proc idemconsume.Processor, client int, pub *l
 	switch {
 	case d.Settled == lincheck.Acked && !pub.other:
 		msg.acked++
+		if msg.acked == 1 && pub.n%linConsOtherEvery == 0 {
+			w.othered = append(w.othered, pub.n)
+		}
 	case d.Settled == lincheck.DeadLettered && pub.other && errors.Is(s.reason, idem.ErrMismatch):
 		msg.mismatched++
 	}

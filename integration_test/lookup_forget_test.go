@@ -290,7 +290,8 @@ func TestForgetBetweenStepsStopsTheOwner(t *testing.T) {
 // its key and its state. The transaction below stands in for that one. A
 // Forget that waited on the key's row would, once it commits, find the row's
 // new version and delete it, and miss the operation's row: the test then
-// commits after 3 s, to show it.
+// commits after 10 s (time enough for a loaded machine to start Forget),
+// to show it.
 func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
 	t.Parallel()
 	s := newOpSetup(t, nil)
@@ -324,7 +325,7 @@ func TestForgetLeavesAnOperationBegunUnderIt(t *testing.T) {
 	var r result
 	select {
 	case r = <-done:
-	case <-time.After(3 * time.Second):
+	case <-time.After(10 * time.Second):
 		if err := begin.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}

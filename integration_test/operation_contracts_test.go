@@ -566,9 +566,9 @@ func TestOperationRenewalKeepsAWorkingOwner(t *testing.T) {
 			return context.Cause(cctx)
 		}
 	}
-	// A second, so that a loaded machine does not delay a renewal past
-	// the lease of this live owner.
-	op := s.operation(nil, &idem.OperationConfig[chargeReq, chargeResp]{Lease: time.Second})
+	// Three seconds, so that a loaded machine does not delay a renewal
+	// past the lease of this live owner.
+	op := s.operation(nil, &idem.OperationConfig[chargeReq, chargeResp]{Lease: 3 * time.Second})
 	done := make(chan runResult, 1)
 	go func() { done <- runOp(ctx, op, "k", chargeReq{Amount: 600}) }()
 	select {

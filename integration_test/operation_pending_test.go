@@ -165,7 +165,9 @@ func TestOperationPausedOwnerLosesItsPendingStep(t *testing.T) {
 // answered "in progress".
 func TestOperationLiveOwnerKeepsItsPendingStep(t *testing.T) {
 	t.Parallel()
-	r := newOpRig(t, sweepLease)
+	// Two seconds, not sweepLease: the owner renews every third of a lease,
+	// and a loaded machine must not stall it past one.
+	r := newOpRig(t, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const key, amount = "k-live-pending", 900
@@ -181,7 +183,7 @@ func TestOperationLiveOwnerKeepsItsPendingStep(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	other := r.op(r.pool, nil, noHooks)
-	for range 6 {
+	for range 3 {
 		if _, outcome, err := other.Run(ctx, key, req); outcome != idem.OutcomeInProgress {
 			t.Fatalf("a call while the owner lives: %v, %v; want in progress", outcome, err)
 		}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemhq/idem/idem"
 	"github.com/idemhq/idem/payments_example/api"
+	"github.com/idemhq/idem/payments_example/internal/freeport"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/internal/spectest"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -294,12 +295,10 @@ type child struct {
 
 func newChild(t *testing.T, dbURL, processorURL string) *child {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
 	c := &child{
 		t:   t,
 		url: "http://" + addr,
@@ -529,12 +528,11 @@ func ownCluster(t *testing.T) (string, func()) {
 	})
 	version := filepath.Base(filepath.Dir(filepath.Dir(versions[len(versions)-1])))
 	name := fmt.Sprintf("idem_settle_%d", os.Getpid())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	_ = ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
 
 	run := func(args ...string) {
 		t.Helper()

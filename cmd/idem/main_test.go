@@ -177,7 +177,8 @@ func TestPartitionedTable(t *testing.T) {
 	if code, _, errOut := idemCmd(ctx, url, "migrate", "-partitioned", "-interval", "1500ms"); code != exitUsage {
 		t.Fatalf("a fractional interval: exit %d, %s", code, errOut)
 	}
-	keys, err := idem.NewClient(pool, &idem.Config{Table: "billing.keys", TTL: time.Second})
+	// Three seconds: count must find the keys live on a loaded machine too.
+	keys, err := idem.NewClient(pool, &idem.Config{Table: "billing.keys", TTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,8 +198,8 @@ func TestPartitionedTable(t *testing.T) {
 		t.Fatalf("inspect: exit %d\n%s", code, out)
 	}
 	// sweep -every runs until interrupted, then exits 0; by then the keys
-	// (TTL 1 s) and their partitions are gone.
-	sctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	// (TTL 3 s) and their partitions (of 1 s) are gone.
+	sctx, cancel := context.WithTimeout(ctx, 8*time.Second)
 	defer cancel()
 	code, out, errOut = idemCmd(sctx, url, "sweep", "-table", "billing.keys", "-every", "300ms")
 	if code != exitOK || strings.Count(out, "removed") < 2 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -245,16 +246,65 @@ func (d *depositor) info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	return cons.Info(ctx)
 }
 
-// waitInHand waits, up to inHandWait, until the service holds deposits
-// it has not acknowledged, so that the kill meets some.
-func (d *depositor) waitInHand(ctx context.Context) error {
-	deadline := time.Now().Add(inHandWait)
+// holdAtKill, set by TestPlay, makes the kill certain to meet deposits in
+// the service's hands (a test hook). Without it, the service may credit
+// and acknowledge those waitInHand saw before the kill lands, or none may
+// arrive within inHandWait, and the kill meets none. With it, the kill
+// holds the deposits' account row locked (hold) from before it waits until
+// the service is dead, and waits until a credit of the service waits on
+// the lock: that deposit cannot be acknowledged before the kill. The wait
+// is bounded by settleBound: the payments go on meanwhile, and each tenth
+// of them brings a batch of deposits.
+var holdAtKill bool
+
+// hold locks the row of the deposits' account in a transaction on pool,
+// so that no credit to it commits. It returns whether a credit waits on
+// the lock, and what rolls the transaction back (once, however often it
+// is called). The killed service's credit that waited on the lock never
+// commits: its client is gone before COMMIT.
+func (d *depositor) hold(ctx context.Context, pool *pgxpool.Pool) (blocking func(context.Context) (bool, error), release func(), err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var pid int32
+	if err := tx.QueryRow(ctx, "select pg_backend_pid() from accounts where id = $1 for update", d.account).Scan(&pid); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, nil, err
+	}
+	blocking = func(ctx context.Context) (bool, error) {
+		var b bool
+		err := pool.QueryRow(ctx, "select exists (select from pg_locks where not granted and $1 = any(pg_blocking_pids(pid)))", pid).Scan(&b)
+		return b, err
+	}
+	return blocking, sync.OnceFunc(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }), nil
+}
+
+// waitInHand waits until the service holds deposits it has not
+// acknowledged, so that the kill meets some: without a hold (blocking
+// nil), up to inHandWait, until the consumer has some delivered and not
+// acknowledged; with one, up to settleBound, until a credit waits on it.
+func (d *depositor) waitInHand(ctx context.Context, blocking func(context.Context) (bool, error)) error {
+	wait := inHandWait
+	if blocking != nil {
+		wait = settleBound
+	}
+	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
-		info, err := d.info(ctx)
+		var inHand bool
+		var err error
+		if blocking != nil {
+			inHand, err = blocking(ctx)
+		} else {
+			var info *jetstream.ConsumerInfo
+			if info, err = d.info(ctx); err == nil {
+				inHand = info.NumAckPending > 0
+			}
+		}
 		if err != nil {
 			return err
 		}
-		if info.NumAckPending > 0 {
+		if inHand {
 			return nil
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -85,6 +85,7 @@ import (
 	"github.com/idemhq/idem/payments_example/api"
 	"github.com/idemhq/idem/payments_example/internal/callmetrics"
 	"github.com/idemhq/idem/payments_example/internal/deposits"
+	"github.com/idemhq/idem/payments_example/internal/freeport"
 	"github.com/idemhq/idem/payments_example/internal/payments"
 	"github.com/idemhq/idem/payments_example/internal/settlement"
 	"github.com/idemhq/idem/payments_example/processor"
@@ -309,7 +310,7 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		// own, and a rate limit above the demo's pace. The demo is one
 		// client paying as fast as it can, to show retries, not the limit
 		// (TestRateLimit shows that).
-		metricsAddr, err := freeAddr(ctx)
+		metricsAddr, err := freeport.Addr(ctx)
 		if err != nil {
 			return outcome{}, err
 		}
@@ -394,8 +395,18 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 		for answered.Load() < int64(killAt*float64(len(h.plan))) && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
+		release := func() {} // holdAtKill's lock
 		if dep != nil {
-			if killErr = dep.waitInHand(ctx); killErr != nil {
+			var blocking func(context.Context) (bool, error)
+			if holdAtKill {
+				var err error
+				if blocking, release, err = dep.hold(ctx, h.pool); err != nil {
+					killErr = err
+					return
+				}
+				defer release()
+			}
+			if killErr = dep.waitInHand(ctx, blocking); killErr != nil {
 				return
 			}
 		}
@@ -407,6 +418,10 @@ func (h half) play(ctx context.Context, bin string, async bool) (outcome, error)
 				return
 			}
 		}
+		// Before the restart: the killed service's credit that waited on
+		// the lock holds a lock on the accounts table that the restarted
+		// service's migrations wait for; it ends once it has the row.
+		release()
 		// The answers from here on are the next run's.
 		proxy.restarted()
 		if ch != nil {

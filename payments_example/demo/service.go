@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idemhq/idem/payments_example/internal/freeport"
 )
 
 // The commands the demo runs as child processes, built from this module.
@@ -48,10 +49,11 @@ type child struct {
 	done chan error
 }
 
-// newChild prepares bin to run with args on a free loopback port, with
-// env added to the demo's environment; it prints to a file in dir.
+// newChild prepares bin to run with args on a free loopback port (one it
+// can bind again after a restart), with env added to the demo's
+// environment; it prints to a file in dir.
 func newChild(ctx context.Context, dir, bin string, args []string, env ...string) (*child, error) {
-	addr, err := freeAddr(ctx)
+	addr, err := freeport.Addr(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -62,16 +64,6 @@ func newChild(ctx context.Context, dir, bin string, args []string, env ...string
 		url:     "http://" + addr,
 		logPath: filepath.Join(dir, filepath.Base(bin)+".log"),
 	}, nil
-}
-
-// freeAddr returns a loopback address whose port was free a moment ago.
-func freeAddr(ctx context.Context) (string, error) {
-	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // start starts the process and waits until GET /healthz answers 200. The

@@ -182,16 +182,28 @@ func TestSweep(t *testing.T) {
 	ctx := context.Background()
 	a := admin(t)
 	now := time.Now()
-	old, inUse, young := newName(now.Add(-keepFor-time.Hour)), newName(now.Add(-keepFor-time.Hour)), newName(now.Add(-time.Hour))
-	for _, name := range []string{old, inUse, young} {
+	create := func(name string) {
 		if _, err := a.Exec(ctx, "create database "+name); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _, _ = a.Exec(ctx, "drop database if exists "+name+" with (force)") })
 	}
-	conn, err := pgx.Connect(ctx, pgurl.WithDatabase(adminURL, inUse))
-	if err != nil {
-		t.Fatal(err)
+	old, young := newName(now.Add(-keepFor-time.Hour)), newName(now.Add(-time.Hour))
+	create(old)
+	create(young)
+	// Another test process's sweep at its start may drop an old database
+	// between its creation and the session that keeps it: take another.
+	var inUse string
+	var conn *pgx.Conn
+	for {
+		inUse = newName(now.Add(-keepFor - time.Hour))
+		create(inUse)
+		var err error
+		if conn, err = pgx.Connect(ctx, pgurl.WithDatabase(adminURL, inUse)); err == nil {
+			break
+		} else if !hasCode(err, "3D000") { // invalid_catalog_name
+			t.Fatal(err)
+		}
 	}
 	defer conn.Close(ctx)
 
