@@ -84,8 +84,10 @@ import (
 //     from the processor's hook). Its lease then runs out.
 
 // sweepLease is the operations' lease in the sweep: short, so that a
-// killed owner's lease runs out soon.
-const sweepLease = 300 * time.Millisecond
+// killed owner's lease runs out soon, and long enough that a loaded
+// machine does not stall a live owner's renewal (every third of it) past
+// it.
+const sweepLease = time.Second
 
 type opFault string
 

@@ -41,13 +41,11 @@ func TestOperationPausedOwnerRecordsNothing(t *testing.T) {
 		for _, stop := range []opPoint{reserveAfter, receiptBefore, receiptAfter} {
 			n++
 			app, key := fmt.Sprintf("idem-owner-%d", n), fmt.Sprintf("k-paused-%d", n)
-			// With its renewals cut, only the owner's steps' statements
-			// renew its lease: a lease of two seconds lets it reach its stop
-			// however slow the machine.
-			lease := sweepLease
-			if renewals == "renewals_lost" {
-				lease = 2 * time.Second
-			}
+			// Two seconds: a renewing owner renews every third of a lease,
+			// and with its renewals cut only its steps' statements renew
+			// it; either way it must reach its stop however slow the
+			// machine.
+			const lease = 2 * time.Second
 			t.Run(renewals+"/"+string(stop), func(t *testing.T) {
 				t.Parallel()
 				pausedOwner(t, rigOn(t, db.pool, db.client, app, lease), key, stop, renewals == "renewals_lost")
