@@ -120,8 +120,10 @@ func TestPartitionedSchemaFilesWithPsql(t *testing.T) {
 		count(*) FILTER (WHERE pg_get_expr(c.relpartbound, c.oid) LIKE 'FOR VALUES FROM%'),
 		(SELECT relkind FROM pg_class WHERE oid = 'idempotency_keys'::regclass)
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'idempotency_keys'::regclass`)
-	if got != "1|4|p" {
-		t.Fatalf("default|range partitions|relkind = %s, want 1|4|p", got)
+	// Each pass makes the present minute's range and three ahead; a second
+	// pass that began in the next minute made one more.
+	if got != "1|4|p" && got != "1|5|p" {
+		t.Fatalf("default|range partitions|relkind = %s, want 1|4|p (or 1|5|p across a minute's end)", got)
 	}
 	// The files refuse a plain table of the same name.
 	run(nil, "-c", "DROP TABLE idempotency_keys", "-c", "CREATE TABLE idempotency_keys (x int)")
